@@ -1,0 +1,1 @@
+"""The onnx-remat command line (installed as onnx_remat.cli)."""

@@ -1,0 +1,82 @@
+"""The ``onnx-remat`` command: a click group whose subcommands live one per module in this package.
+
+The click layer only parses arguments, calls a function of :mod:`onnx_remat` and prints the
+result. Errors a user can fix arrive as :class:`onnx_remat.errors.RematError` and are printed as
+one line (``error: ...``) with the error's exit status (1 bad input or failed check, 2 usage,
+3 environment); no traceback unless ``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from onnx_remat import __version__
+from onnx_remat.errors import RematError
+
+
+class _Group(click.Group):
+    """A click group that turns library errors into one line and an exit status."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except RematError as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+        except Exception as exc:  # a bug in onnx-remat: still one line, traceback on --debug
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(
+                f"internal error: {type(exc).__name__}: {exc} "
+                "(rerun with --debug for the traceback, and please report it)",
+                err=True,
+            )
+            ctx.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="onnx-remat")
+@click.option("--debug", is_flag=True, help="Show Python tracebacks for errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Recompute activations in ONNX training graphs to cut training memory.
+
+    Typical use: `onnx-remat scopes MODEL` to see the scope tree, then
+    `onnx-remat apply MODEL --scope Block` to write the rewritten graph.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def _register() -> None:
+    # Each subcommand lives in its own module; importing them here keeps `main` the single
+    # entry point that pyproject's console script names.
+    from . import apply as _apply
+    from . import scopes as _scopes
+
+    main.add_command(_apply.apply_cmd)
+    main.add_command(_scopes.scopes_cmd)
+    for module_name in ("measure", "compare", "estimate", "viz", "report", "check"):
+        try:
+            module = __import__(f"{__package__}.{module_name}", fromlist=["command"])
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{module_name}":
+                raise
+            continue
+        main.add_command(module.command)
+
+
+_register()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Running training graphs with onnxruntime-training and measuring them."""

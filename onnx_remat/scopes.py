@@ -1,0 +1,298 @@
+"""Analysis pass: the module scope of every forward node, as a tree, and pattern matching on it.
+
+Input: a :class:`~onnx_remat.training_graph.TrainingGraph` (and optionally the
+``eval_model.onnx`` beside it). Output: a :class:`ScopeTree`.
+
+A forward node's scope is the module path it was exported from, read from
+
+1. node metadata written by the dynamo exporter (or by :func:`onnx_remat.exporters.annotate_scopes`):
+   ``pkg.torch.onnx.name_scopes`` = "['', 'blocks.0', 'blocks.0.drop', 'native_dropout']" and
+   ``pkg.torch.onnx.class_hierarchy`` = "['m.Net', 'm.Block', 'torch...Dropout', 'aten...']";
+2. the same metadata on the node of the same name in ``eval_model.onnx`` (generate_artifacts drops
+   node metadata from the training graph but keeps node names);
+3. TorchScript exporter names: ``/blocks.0/attn/MatMul`` is in ``blocks.0.attn``.
+
+Gradient nodes never belong to a scope. A path component may itself contain dots
+(``blocks.0`` is one component), so the tree is built from the exporter's components, not by
+splitting paths on dots.
+
+Patterns (:meth:`ScopeTree.match`): a module path (``blocks.0.attn``), a glob on paths where
+``*`` matches within one dot-separated segment and ``**`` any number of segments
+(``blocks.*``, ``encoder.layer.*.attention``), or a class name (``Block``, ``*Attention``)
+where the class hierarchy is known. Matches nested in another match are folded into the outer
+one and reported.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import fnmatch
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from .errors import RematError
+from .training_graph import TrainingGraph
+
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+CLASS_HIERARCHY_KEY = "pkg.torch.onnx.class_hierarchy"
+
+
+@dataclass(eq=False)
+class Scope:
+    """One module instance: its path, class (if known), child scopes and forward nodes."""
+
+    path: str
+    parent: Scope | None = None
+    class_name: str | None = None
+    children: list[Scope] = field(default_factory=list)
+    nodes: list[gs.Node] = field(default_factory=list)  # forward nodes directly in this scope
+
+    @property
+    def short_class(self) -> str | None:
+        """The class name without its module (``Block`` for ``models.blocks10.Block``)."""
+        return self.class_name.rsplit(".", 1)[-1] if self.class_name else None
+
+    def walk(self) -> Iterator[Scope]:
+        """This scope and all scopes below it, parents before children (iterative)."""
+        stack = [self]
+        while stack:
+            scope = stack.pop()
+            yield scope
+            stack.extend(reversed(scope.children))
+
+    def all_nodes(self) -> list[gs.Node]:
+        """Forward nodes in this scope and every scope below it."""
+        return [n for s in self.walk() for n in s.nodes]
+
+    def ancestors(self) -> Iterator[Scope]:
+        scope = self.parent
+        while scope is not None:
+            yield scope
+            scope = scope.parent
+
+    def __repr__(self) -> str:
+        return f"Scope({self.path!r}, class={self.short_class}, nodes={len(self.nodes)})"
+
+
+@dataclass
+class ScopeMatch:
+    """Result of matching patterns: the outermost matched scopes and the nested ones folded in."""
+
+    scopes: list[Scope]
+    nested: list[tuple[Scope, Scope]]  # (inner match, the outer match that contains it)
+    by_pattern: dict[str, list[Scope]]
+
+
+class ScopeTree:
+    """The scope tree of a training graph's forward nodes. Build with :func:`resolve_scopes`."""
+
+    def __init__(self, root: Scope, scope_of: dict[int, Scope], source: str):
+        self.root = root
+        self._scope_of = scope_of
+        self.source = source  # where scope information came from, for reports
+        self.by_path: dict[str, Scope] = {s.path: s for s in root.walk()}
+        self.has_classes = any(s.class_name for s in root.walk() if s is not root)
+
+    def scope_of(self, node: gs.Node) -> Scope | None:
+        """The innermost scope of a forward node (None for gradient nodes)."""
+        return self._scope_of.get(id(node))
+
+    def scopes(self) -> list[Scope]:
+        """All scopes except the root, parents before children."""
+        return [s for s in self.root.walk() if s is not self.root]
+
+    def match(self, patterns: list[str]) -> ScopeMatch:
+        """Scopes matching any of ``patterns``; outer matches absorb nested ones.
+
+        Raises :class:`RematError` naming the closest scopes when a pattern matches nothing.
+        """
+        matched: dict[int, Scope] = {}
+        by_pattern: dict[str, list[Scope]] = {}
+        for pattern in patterns:
+            hits = [s for s in self.scopes() if _matches(pattern, s)]
+            if not hits:
+                raise RematError(self._no_match_message(pattern))
+            by_pattern[pattern] = hits
+            for s in hits:
+                matched[id(s)] = s
+        outer: list[Scope] = []
+        nested: list[tuple[Scope, Scope]] = []
+        for scope in self.root.walk():
+            if id(scope) not in matched:
+                continue
+            container = next((a for a in scope.ancestors() if id(a) in matched), None)
+            if container is None:
+                outer.append(scope)
+            else:
+                nested.append((scope, _outermost_matched(scope, matched)))
+        return ScopeMatch(scopes=outer, nested=nested, by_pattern=by_pattern)
+
+    def _no_match_message(self, pattern: str) -> str:
+        names = [s.path for s in self.scopes()]
+        names += sorted({s.short_class for s in self.scopes() if s.short_class})
+        close = difflib.get_close_matches(pattern, names, n=3, cutoff=0.4)
+        if not close:
+            top = [s.path for s in self.root.children][:3]
+            close = top
+        hint = f"; closest: {', '.join(close)}" if close else "; the graph has no scope information"
+        if not self.has_classes and re.fullmatch(r"[A-Z]\w*", pattern):
+            hint += " (class names are unknown for this graph: match module paths instead)"
+        return f"scope pattern {pattern!r} matches no scope{hint}"
+
+    def repeated_layers(self) -> list[list[Scope]]:
+        """Groups of sibling scopes that are the same layer repeated (same class or structure).
+
+        Siblings form a group when they share a class name, or (without class information) the
+        same sequence of op types. Only groups of two or more are returned.
+        """
+        groups: list[list[Scope]] = []
+        for parent in self.root.walk():
+            by_key: dict[tuple, list[Scope]] = defaultdict(list)
+            for child in parent.children:
+                ops = tuple(n.op for n in child.all_nodes())
+                if not ops:
+                    continue
+                key = (child.class_name, ops) if child.class_name else (None, ops)
+                by_key[key].append(child)
+            groups.extend(g for g in by_key.values() if len(g) > 1)
+        return groups
+
+
+def _outermost_matched(scope: Scope, matched: dict[int, Scope]) -> Scope:
+    outer = scope
+    for a in scope.ancestors():
+        if id(a) in matched:
+            outer = a
+    return outer
+
+
+def _segment_regex(segment: str) -> str:
+    """Regex for one dot-separated pattern segment: ``*``/``?`` never cross a dot; ``**`` spans segments."""
+    if segment == "**":
+        return r"[^.]+(?:\.[^.]+)*"
+    out, i = [], 0
+    while i < len(segment):
+        ch = segment[i]
+        if ch == "*":
+            out.append("[^.]*")
+        elif ch == "?":
+            out.append("[^.]")
+        elif ch == "[" and "]" in segment[i + 1 :]:
+            end = segment.index("]", i + 1)
+            body = segment[i + 1 : end]
+            out.append("[^" + re.escape(body[1:]) + "]" if body.startswith("!") else "[" + re.escape(body) + "]")
+            i = end
+        else:
+            out.append(re.escape(ch))
+        i += 1
+    return "".join(out)
+
+
+def _path_regex(pattern: str) -> re.Pattern[str]:
+    return re.compile(r"\.".join(_segment_regex(seg) for seg in pattern.split(".")) + r"\Z")
+
+
+def _matches(pattern: str, scope: Scope) -> bool:
+    if _path_regex(pattern).match(scope.path):
+        return True
+    if scope.class_name:
+        return fnmatch.fnmatchcase(scope.short_class, pattern) or fnmatch.fnmatchcase(scope.class_name, pattern)
+    return False
+
+
+def _metadata_chain(metadata: dict[str, str]) -> list[tuple[str, str | None]] | None:
+    """[(module path, class name)] from dynamo-style node metadata, outermost first, root excluded."""
+    raw = metadata.get(NAME_SCOPES_KEY)
+    if not raw:
+        return None
+    try:
+        names = ast.literal_eval(raw)
+        classes = ast.literal_eval(metadata[CLASS_HIERARCHY_KEY]) if CLASS_HIERARCHY_KEY in metadata else []
+    except (ValueError, SyntaxError):
+        return None
+    if not isinstance(names, list) or len(names) < 2:
+        return None
+    # names: ['', 'blocks.0', 'blocks.0.drop', '<op>']: the last entry is the node's own op.
+    chain = []
+    for i, path in enumerate(names[1:-1], start=1):
+        cls = classes[i] if i < len(classes) else None
+        chain.append((str(path), str(cls) if cls else None))
+    return chain
+
+
+def _name_chain(name: str) -> list[tuple[str, str | None]]:
+    """[(module path, None)] from a TorchScript node name such as ``/blocks.0/attn/MatMul``."""
+    if not name.startswith("/"):
+        return []
+    parts = [p for p in name.split("/")[1:-1] if p]
+    chain, path = [], ""
+    for part in parts:
+        path = f"{path}.{part}" if path else part
+        chain.append((path, None))
+    return chain
+
+
+def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None) -> ScopeTree:
+    """Build the scope tree of ``tg``'s forward nodes.
+
+    ``eval_model`` (the artifacts' ``eval_model.onnx``) supplies node metadata by node name when
+    the training graph lost it. Where metadata is missing, TorchScript node names are used.
+    """
+    eval_meta: dict[str, dict[str, str]] = {}
+    if eval_model is not None:
+        for proto in eval_model.graph.node:
+            if proto.name and proto.metadata_props:
+                eval_meta[proto.name] = {p.key: p.value for p in proto.metadata_props}
+
+    root = Scope(path="")
+    root_class = None
+    by_path: dict[str, Scope] = {"": root}
+    scope_of: dict[int, Scope] = {}
+    sources: set[str] = set()
+
+    for node in tg.forward_nodes:
+        chain = _metadata_chain(tg.mg.extras(node).metadata)
+        if chain is not None:
+            sources.add("node metadata")
+        elif node.name in eval_meta:
+            chain = _metadata_chain(eval_meta[node.name])
+            if chain is not None:
+                sources.add("eval_model.onnx metadata")
+        if chain is None:
+            chain = _name_chain(node.name)
+            if chain:
+                sources.add("node names")
+        if root_class is None:
+            root_class = _root_class(tg.mg.extras(node).metadata) or _root_class(eval_meta.get(node.name, {}))
+        scope = root
+        for path, cls in chain:
+            child = by_path.get(path)
+            if child is None:
+                child = Scope(path=path, parent=scope, class_name=cls)
+                scope.children.append(child)
+                by_path[path] = child
+            elif child.class_name is None and cls:
+                child.class_name = cls
+            scope = child
+        scope.nodes.append(node)
+        scope_of[id(node)] = scope
+    root.class_name = root_class
+    source = " + ".join(sorted(sources)) if sources else "none"
+    return ScopeTree(root, scope_of, source)
+
+
+def _root_class(metadata: dict[str, str]) -> str | None:
+    raw = metadata.get(CLASS_HIERARCHY_KEY)
+    if not raw:
+        return None
+    try:
+        classes = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return None
+    return str(classes[0]) if isinstance(classes, list) and classes else None

@@ -1,0 +1,441 @@
+"""Analysis pass: turn a user's selection into a recompute plan of segments.
+
+Input: a :class:`~onnx_remat.training_graph.TrainingGraph`, its :class:`~onnx_remat.scopes.ScopeTree`,
+tensor sizes and a :class:`Selection`. Output: a :class:`RecomputePlan` whose segments say which
+forward nodes to clone, which stashed tensors the backward pass will read from the clones
+(*targets*), and which tensors the clones read from storage (*boundary*).
+
+Semantics (following MindSpore and Paddle, see ../shared/seeds):
+
+* ``scopes`` (``Cell.recompute()``): each matched scope instance is a segment. Every forward node
+  inside it is recomputed except its *output nodes* (those with an output used outside the scope),
+  which stay stored. Clones read the scope's inputs from storage.
+* ``op_types`` / ``nodes`` (``Primitive.recompute()``): the selected nodes' stashed outputs are
+  recomputed; the clones pull in the producers of any input that is not stored anyway (stored:
+  stashed for the backward pass, a graph input or an initializer). Selections whose clones
+  overlap form one segment.
+* ``recompute_outputs`` (``mindspore.recompute(..., output_recompute=True)``): when a matched scope
+  feeds another matched scope, its output is not stored either and the two become one segment.
+
+Never recomputed: random ops (their outputs stay stored; a ``Dropout`` *is* recomputed by
+re-applying its stored mask, which reproduces its output exactly, as Paddle's
+``preserve_rng_state`` does), nodes with subgraphs, and nodes whose inputs are all constants.
+A segment whose clones would not lower memory (the stored bytes it releases do not exceed the
+bytes of boundary tensors it must keep alive longer) is skipped and reported.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+import onnx_graphsurgeon as gs
+
+from .errors import RematError
+from .scopes import ScopeTree
+from .random_ops import is_random, is_replayable
+from .shapes import TensorSizes
+from .training_graph import TrainingGraph, producer
+
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+@dataclass
+class Selection:
+    """What the user asked to recompute."""
+
+    scopes: list[str] = field(default_factory=list)
+    op_types: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    recompute_outputs: bool = False
+
+    def is_empty(self) -> bool:
+        return not (self.scopes or self.op_types or self.nodes)
+
+
+@dataclass(eq=False)
+class Segment:
+    """One recompute unit: cloned together, behind one barrier, when the backward pass reaches it."""
+
+    label: str
+    kind: str  # "scope", "op" or "node"
+    scopes: list[str]
+    recompute: list[gs.Node]  # nodes to clone, topological order
+    targets: list[gs.Tensor]  # stashed tensors whose backward readers switch to the clones
+    boundary: list[gs.Tensor]  # tensors the clones read from storage
+    kept: list[gs.Tensor]  # stashed tensors of the segment that stay stored
+    released_bytes: int | None = None  # stored bytes freed after the forward pass (None: unknown)
+    target_bytes: int | None = None
+    extra_boundary_bytes: int | None = None  # boundary bytes kept alive only because of recompute
+    unknown_sizes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """JSON-ready description (used in the model's metadata and in reports)."""
+        return {
+            "label": self.label,
+            "kind": self.kind,
+            "scopes": self.scopes,
+            "cloned_nodes": len(self.recompute),
+            "cloned_ops": _op_histogram(self.recompute),
+            "targets": [t.name for t in self.targets],
+            "boundary": [t.name for t in self.boundary],
+            "kept": [t.name for t in self.kept],
+            "released_bytes": self.released_bytes,
+            "unknown_sizes": self.unknown_sizes,
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class SkippedSegment:
+    label: str
+    reason: str
+
+
+@dataclass
+class RecomputePlan:
+    """The segments to rewrite, and what was matched but left alone (with reasons)."""
+
+    segments: list[Segment]
+    skipped: list[SkippedSegment] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def released_bytes(self) -> int | None:
+        values = [s.released_bytes for s in self.segments]
+        return None if any(v is None for v in values) else sum(values)
+
+
+def _op_histogram(nodes: list[gs.Node]) -> dict[str, int]:
+    hist: dict[str, int] = {}
+    for n in nodes:
+        hist[n.op] = hist.get(n.op, 0) + 1
+    return hist
+
+
+class _UnionFind:
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+class Planner:
+    """Builds a :class:`RecomputePlan`; see the module docstring for the semantics."""
+
+    def __init__(self, tg: TrainingGraph, tree: ScopeTree, sizes: TensorSizes):
+        self.tg = tg
+        self.tree = tree
+        self.sizes = sizes
+        self._stashed = {t.name for t in tg.stashed}
+        self._inputs = {t.name for t in tg.graph.inputs}
+
+    # -- what may be cloned ------------------------------------------------------------------
+
+    def cloneable(self, node: gs.Node) -> bool:
+        """Forward, deterministic (or replayable), no subgraph, not constant-only."""
+        if self.tg.is_backward(node) or node.op in SUBGRAPH_OPS:
+            return False
+        if is_random(node):
+            return is_replayable(node)
+        data_inputs = [t for t in node.inputs if t.name]
+        return any(not isinstance(t, gs.Constant) for t in data_inputs)
+
+    def _is_source(self, t: gs.Tensor) -> bool:
+        """Graph inputs, initializers and omitted optional inputs: always available."""
+        return not t.name or isinstance(t, gs.Constant) or producer(t) is None
+
+    # -- building segments -------------------------------------------------------------------
+
+    def plan(self, selection: Selection) -> RecomputePlan:
+        """Plan segments for ``selection``. Raises :class:`RematError` for selections matching nothing."""
+        if selection.is_empty():
+            raise RematError("nothing selected: give --scope, --op-type or --node")
+        segments: list[Segment] = []
+        notes: list[str] = []
+        if selection.scopes:
+            segments += self._scope_segments(selection.scopes, selection.recompute_outputs, notes)
+        if selection.op_types or selection.nodes:
+            segments += self._node_segments(selection.op_types, selection.nodes, notes)
+        segments = self._merge_overlapping(segments)
+        segments = self._settle_shared_boundaries(segments, notes)
+        kept: list[Segment] = []
+        skipped: list[SkippedSegment] = []
+        for seg in segments:
+            self._account(seg)
+            reason = self._skip_reason(seg)
+            if reason:
+                skipped.append(SkippedSegment(seg.label, reason))
+            else:
+                kept.append(seg)
+        kept.sort(key=lambda s: self.tg.position[id(s.recompute[0])])
+        return RecomputePlan(segments=kept, skipped=skipped, notes=notes)
+
+    def _scope_segments(self, patterns: list[str], recompute_outputs: bool, notes: list[str]) -> list[Segment]:
+        match = self.tree.match(patterns)
+        for inner, outer in match.nested:
+            notes.append(f"scope {inner.path} is inside {outer.path} (also matched): recomputed as part of {outer.path}")
+        scopes = match.scopes
+        members = [s.all_nodes() for s in scopes]
+        groups = [[i] for i in range(len(scopes))]
+        if recompute_outputs and len(scopes) > 1:
+            uf = _UnionFind(len(scopes))
+            owner = {id(n): i for i, nodes in enumerate(members) for n in nodes}
+            for i, nodes in enumerate(members):
+                for n in nodes:
+                    for out in n.outputs:
+                        for c in out.outputs:
+                            j = owner.get(id(c))
+                            if j is not None and j != i:
+                                uf.union(i, j)
+            by_root: dict[int, list[int]] = {}
+            for i in range(len(scopes)):
+                by_root.setdefault(uf.find(i), []).append(i)
+            groups = list(by_root.values())
+            for g in groups:
+                if len(g) > 1:
+                    notes.append(
+                        "--recompute-outputs merged adjacent scopes "
+                        + " + ".join(scopes[i].path for i in g)
+                        + " into one segment"
+                    )
+        segments = []
+        for g in groups:
+            nodes = [n for i in g for n in members[i]]
+            paths = [scopes[i].path for i in g]
+            label = paths[0] if len(paths) == 1 else f"{paths[0]}..{paths[-1]}"
+            seg = self._scope_segment(label, paths, nodes)
+            if seg is None:
+                notes.append(f"scope {label}: no stored activation can be recomputed")
+            else:
+                segments.append(seg)
+        return segments
+
+    def _scope_segment(self, label: str, paths: list[str], nodes: list[gs.Node]) -> Segment | None:
+        inside = {id(n) for n in nodes}
+        graph_outputs = {t.name for t in self.tg.graph.outputs}
+        output_nodes = set()
+        for n in nodes:
+            for out in n.outputs:
+                if out.name in graph_outputs or any(
+                    self.tg.is_forward(c) and id(c) not in inside for c in out.outputs
+                ):
+                    output_nodes.add(id(n))
+                    break
+        candidates = {id(n) for n in nodes if id(n) not in output_nodes and self.cloneable(n)}
+        targets = [t for n in nodes if id(n) in candidates for t in self._recomputable_outputs(n)]
+        kept = [
+            t
+            for n in nodes
+            if id(n) not in candidates
+            for t in n.outputs
+            if t.name in self._stashed
+        ]
+        kept += [n.outputs[1] for n in nodes if id(n) in candidates and is_replayable(n)
+                 and n.outputs[1].name in self._stashed]
+        return self._segment(label, "scope", paths, targets, lambda n: id(n) in candidates, kept)
+
+    def _node_segments(self, op_types: list[str], names: list[str], notes: list[str]) -> list[Segment]:
+        selected = self._select_nodes(op_types, names)
+        targets_by_node = []
+        for n in selected:
+            outs = self._recomputable_outputs(n) if self.cloneable(n) else []
+            if not outs:
+                why = (
+                    "its outputs are not kept for the backward pass"
+                    if self.cloneable(n)
+                    else "it cannot be recomputed (random, constant-only or with a subgraph)"
+                )
+                notes.append(f"node {n.name or n.op}: nothing to recompute ({why})")
+                continue
+            targets_by_node.append((n, outs))
+        selected_targets = {t.name for _, outs in targets_by_node for t in outs}
+        # Stashed tensors that are themselves selected are pulled in (recomputed), not read.
+        expandable = lambda n: self.cloneable(n) and (  # noqa: E731
+            all(o.name not in self._stashed or o.name in selected_targets for o in n.outputs if o.name)
+        )
+        segments = []
+        for n, outs in targets_by_node:
+            kind = "node" if n.name in names else "op"
+            seg = self._segment(n.name or n.op, kind, [], outs, expandable, [])
+            if seg is not None:
+                segments.append(seg)
+        return segments
+
+    def _select_nodes(self, op_types: list[str], names: list[str]) -> list[gs.Node]:
+        forward = self.tg.forward_nodes
+        selected: dict[int, gs.Node] = {}
+        present_ops = sorted({n.op for n in forward})
+        for op in op_types:
+            hits = [n for n in forward if n.op == op]
+            if not hits:
+                close = difflib.get_close_matches(op, present_ops, n=3)
+                hint = f"; closest: {', '.join(close)}" if close else f"; forward op types: {', '.join(present_ops[:12])}"
+                raise RematError(f"op type {op!r} matches no forward node{hint}")
+            selected.update((id(n), n) for n in hits)
+        if names:
+            by_name = {n.name: n for n in self.tg.order}
+            for name in names:
+                node = by_name.get(name)
+                if node is None:
+                    close = difflib.get_close_matches(name, [n.name for n in forward if n.name], n=3)
+                    hint = f"; closest: {', '.join(close)}" if close else ""
+                    raise RematError(f"no node named {name!r}{hint}")
+                if self.tg.is_backward(node):
+                    raise RematError(f"node {name!r} is a gradient node; only forward nodes can be recomputed")
+                selected[id(node)] = node
+        return sorted(selected.values(), key=lambda n: self.tg.position[id(n)])
+
+    def _recomputable_outputs(self, node: gs.Node) -> list[gs.Tensor]:
+        """Stashed outputs of ``node`` that a clone can reproduce (not a dropout mask)."""
+        outs = node.outputs[:1] if is_replayable(node) else node.outputs
+        return [t for t in outs if t.name in self._stashed]
+
+    def _segment(self, label, kind, paths, targets, expandable, kept) -> Segment | None:
+        """Close ``targets`` over their producers while ``expandable``; the rest is boundary."""
+        if not targets:
+            return None
+        chosen: dict[int, gs.Node] = {}
+        stack = [producer(t) for t in targets]
+        while stack:
+            node = stack.pop()
+            if id(node) in chosen:
+                continue
+            chosen[id(node)] = node
+            for i, t in enumerate(node.inputs):
+                p = producer(t) if t.name else None
+                if p is not None and id(p) not in chosen and expandable(p):
+                    stack.append(p)
+        recompute = sorted(chosen.values(), key=lambda n: self.tg.position[id(n)])
+        return Segment(
+            label=label,
+            kind=kind,
+            scopes=list(paths),
+            recompute=recompute,
+            targets=list(targets),
+            boundary=self._boundary(recompute),
+            kept=_unique(kept),
+        )
+
+    def _boundary(self, recompute: list[gs.Node]) -> list[gs.Tensor]:
+        inside = {id(n) for n in recompute}
+        seen: dict[str, gs.Tensor] = {}
+        for n in recompute:
+            replay = is_replayable(n)
+            inputs = list(n.inputs) + ([n.outputs[1]] if replay else [])  # a replay reads the stored mask
+            for t in inputs:
+                if not t.name or t.name in seen:
+                    continue
+                p = producer(t)
+                if p is None or id(p) not in inside or (replay and t is n.outputs[1]):
+                    seen[t.name] = t
+        return list(seen.values())
+
+    def _merge_overlapping(self, segments: list[Segment]) -> list[Segment]:
+        """Segments that clone the same node become one."""
+        if len(segments) < 2:
+            return segments
+        uf = _UnionFind(len(segments))
+        owner: dict[int, int] = {}
+        for i, seg in enumerate(segments):
+            for n in seg.recompute:
+                j = owner.setdefault(id(n), i)
+                if j != i:
+                    uf.union(i, j)
+        groups: dict[int, list[Segment]] = {}
+        for i, seg in enumerate(segments):
+            groups.setdefault(uf.find(i), []).append(seg)
+        merged = []
+        for group in groups.values():
+            if len(group) == 1:
+                merged.append(group[0])
+                continue
+            nodes = {id(n): n for s in group for n in s.recompute}
+            recompute = sorted(nodes.values(), key=lambda n: self.tg.position[id(n)])
+            first = group[0]
+            merged.append(
+                Segment(
+                    label=first.label if len(group) == 1 else f"{first.label}+{len(group) - 1}",
+                    kind=first.kind,
+                    scopes=[p for s in group for p in s.scopes],
+                    recompute=recompute,
+                    targets=_unique([t for s in group for t in s.targets]),
+                    boundary=self._boundary(recompute),
+                    kept=_unique([t for s in group for t in s.kept]),
+                    notes=[f"merged {', '.join(s.label for s in group)}: they recompute shared nodes"],
+                )
+            )
+        return merged
+
+    def _settle_shared_boundaries(self, segments: list[Segment], notes: list[str]) -> list[Segment]:
+        """A tensor one segment reads from storage cannot be released by another: keep it stored."""
+        for _ in range(len(segments) + 1):
+            needed = {t.name for s in segments for t in s.boundary}
+            changed = False
+            for seg in segments:
+                demoted = [t for t in seg.targets if t.name in needed]
+                if not demoted:
+                    continue
+                changed = True
+                for t in demoted:
+                    notes.append(f"{t.name} stays stored: another segment reads it from storage")
+                seg.targets = [t for t in seg.targets if t.name not in needed]
+                seg.kept = _unique(seg.kept + demoted)
+                if seg.targets:
+                    keep = {id(n) for n in seg.recompute}
+                    rebuilt = self._segment(seg.label, seg.kind, seg.scopes, seg.targets, lambda n: id(n) in keep, seg.kept)
+                    seg.recompute, seg.boundary = rebuilt.recompute, rebuilt.boundary
+            segments = [s for s in segments if s.targets]
+            if not changed:
+                break
+        return segments
+
+    # -- memory accounting -------------------------------------------------------------------
+
+    def _account(self, seg: Segment) -> None:
+        unknown: list[str] = []
+        target_bytes = 0
+        for t in seg.targets:
+            b = self.sizes.nbytes(t.name)
+            if b is None:
+                unknown.append(t.name)
+            else:
+                target_bytes += b
+        extra = 0
+        for t in seg.boundary:
+            if self._is_source(t) or t.name in self._stashed:
+                continue  # alive for the backward pass anyway
+            b = self.sizes.nbytes(t.name)
+            if b is None:
+                unknown.append(t.name)
+            else:
+                extra += b
+        seg.target_bytes = target_bytes
+        seg.extra_boundary_bytes = extra
+        seg.unknown_sizes = unknown
+        seg.released_bytes = None if unknown else target_bytes - extra
+
+    def _skip_reason(self, seg: Segment) -> str | None:
+        if seg.released_bytes is not None and seg.released_bytes <= 0:
+            return (
+                f"would not lower memory: releases {seg.target_bytes} B of stored activations but keeps "
+                f"{seg.extra_boundary_bytes} B of its inputs alive until the backward pass"
+            )
+        return None
+
+
+def _unique(tensors: list[gs.Tensor]) -> list[gs.Tensor]:
+    seen: dict[str, gs.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(t.name, t)
+    return list(seen.values())

@@ -1,0 +1,143 @@
+"""Tensor shapes and byte sizes of a model, from what it declares and what inference finds.
+
+Sources, in order: the model's graph inputs, outputs, initializers and ``value_info``; onnx's
+shape inference with data propagation (standard ops); onnxruntime's symbolic shape inference
+when asked (contrib and gradient ops: :meth:`TensorSizes.add_ort_inference`); and the gradient
+naming convention ``<tensor>_grad`` / ``<tensor>_grad_<k>``, whose shape is ``<tensor>``'s.
+
+Symbolic dimensions (``dim_param``) are bound with ``dims`` (``{"batch": 8}``); a size that still
+depends on an unbound symbol, or on nothing known, is ``None``, never a silent zero.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+import onnx
+
+Dim = int | str | None
+
+_GRAD_NAME = re.compile(r"^(?P<base>.+)_grad(?:_\d+)?$")
+
+
+def dtype_size(elem_type: int) -> int | None:
+    """Bytes per element of an ONNX tensor element type (None for strings and unknown types)."""
+    if elem_type in (onnx.TensorProto.UNDEFINED, onnx.TensorProto.STRING):
+        return None
+    try:
+        return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _dims_of(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None] | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape"):
+        return tt.elem_type, None
+    dims: list[Dim] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            dims.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            dims.append(d.dim_param)
+        else:
+            dims.append(None)
+    return tt.elem_type, tuple(dims)
+
+
+class TensorSizes:
+    """Shapes and byte sizes of a model's tensors.
+
+    >>> sizes = TensorSizes(model, dims={"batch": 8})
+    >>> sizes.nbytes("/blocks.0/Softmax_output_0")
+    8388608
+    """
+
+    def __init__(self, model: onnx.ModelProto, dims: Mapping[str, int] | None = None, *, infer: bool = True):
+        self.dims: dict[str, int] = dict(dims or {})
+        self._info: dict[str, tuple[int, tuple[Dim, ...] | None]] = {}
+        self.inference_error: str | None = None
+        self._add_graph(model.graph)
+        if infer:
+            self._infer(model)
+
+    def _add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto], overwrite: bool = False) -> None:
+        for vi in value_infos:
+            info = _dims_of(vi.type)
+            if info is None:
+                continue
+            old = self._info.get(vi.name)
+            if overwrite or old is None or (old[1] is None and info[1] is not None):
+                self._info[vi.name] = info
+
+    def _add_graph(self, graph: onnx.GraphProto) -> None:
+        for init in graph.initializer:
+            self._info[init.name] = (init.data_type, tuple(int(d) for d in init.dims))
+        self._add_value_infos(graph.input)
+        self._add_value_infos(graph.output)
+        self._add_value_infos(graph.value_info)
+
+    def _infer(self, model: onnx.ModelProto) -> None:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        except Exception as exc:  # inference failing is a lack of information, not an error
+            self.inference_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return
+        self._add_value_infos(inferred.graph.value_info)
+        self._add_value_infos(inferred.graph.output)
+
+    def add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto]) -> None:
+        """Add shapes found elsewhere (e.g. by onnxruntime's symbolic shape inference)."""
+        self._add_value_infos(value_infos)
+
+    def add_alias(self, name: str, like: str) -> None:
+        """Declare that tensor ``name`` has the type and shape of tensor ``like`` (e.g. a clone)."""
+        info = self._lookup(like)
+        if info is not None:
+            self._info[name] = info
+
+    def _lookup(self, name: str):
+        info = self._info.get(name)
+        if info is not None and info[1] is not None:
+            return info
+        match = _GRAD_NAME.match(name)
+        if match:
+            base = self._info.get(match.group("base"))
+            if base is not None and base[1] is not None:
+                return base
+        return info
+
+    def elem_type(self, name: str) -> int | None:
+        info = self._lookup(name)
+        return info[0] if info else None
+
+    def shape(self, name: str) -> tuple[Dim, ...] | None:
+        """The shape with bound symbols replaced by their values; None if the rank is unknown."""
+        info = self._lookup(name)
+        if info is None or info[1] is None:
+            return None
+        return tuple(self.dims.get(d, d) if isinstance(d, str) else d for d in info[1])
+
+    def nbytes(self, name: str) -> int | None:
+        """Size in bytes, or None when the shape or element type is unknown or symbolic."""
+        info = self._lookup(name)
+        if info is None:
+            return None
+        shape = self.shape(name)
+        itemsize = dtype_size(info[0])
+        if shape is None or itemsize is None or any(not isinstance(d, int) for d in shape):
+            return None
+        return int(np.prod(shape, dtype=np.int64)) * itemsize
+
+    def unbound_symbols(self, names: Iterable[str]) -> set[str]:
+        """The symbolic dimensions (without a value in ``dims``) that the given tensors use."""
+        symbols: set[str] = set()
+        for name in names:
+            info = self._lookup(name)
+            if info and info[1]:
+                symbols.update(d for d in info[1] if isinstance(d, str) and d not in self.dims)
+        return symbols
