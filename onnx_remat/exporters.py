@@ -1,0 +1,374 @@
+"""Helpers for exporting PyTorch modules into ONNX graphs that onnx-remat and
+``onnxruntime.training.artifacts.generate_artifacts`` (onnxruntime-training 1.19) can use.
+
+* :func:`add_gradient_outputs` adds the optional outputs onnxruntime's gradient builders read
+  and exporters leave off (``Dropout`` mask, ``LayerNormalization`` mean and inverse std-dev);
+  needed for TorchScript exports with LayerNorm too.
+* :func:`fix_dynamo_training_export` repairs what the dynamo exporter (``torch.onnx.export(...,
+  dynamo=True)``) writes so that ``generate_artifacts`` can build its gradient graph: every
+  ``Dropout`` gets its mask output (the ``DropoutGrad`` builder reads it), and source paths are
+  dropped from node metadata (they make the file depend on where the code was checked out).
+* :func:`fix_eval_model` repairs the ``eval_model.onnx`` that ``generate_artifacts`` writes for
+  a model with training-mode BatchNormalization (onnxruntime refuses it as written).
+* :func:`trainable_parameter_names` lists the initializers that are real parameters of the
+  module (the dynamo exporter turns constants into initializers too, and asking for their
+  gradients makes ``generate_artifacts`` fail).
+* :func:`annotate_scopes` gives the nodes of a TorchScript export (``dynamo=False``) the same
+  scope metadata the dynamo exporter writes (``pkg.torch.onnx.name_scopes`` and
+  ``pkg.torch.onnx.class_hierarchy``), so scopes can be matched by module path or by class name
+  whichever exporter made the graph.
+
+None of these imports torch: they take the module only to read its ``named_modules()`` and
+``named_parameters()``.
+
+A typical TorchScript export::
+
+    torch.onnx.export(module, args, "m.onnx", dynamo=False, opset_version=17,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)
+    model = annotate_scopes(add_gradient_outputs(onnx.load("m.onnx")), module)
+    generate_artifacts(model, requires_grad=trainable_parameter_names(model, module), ...)
+
+(TorchScript's export in training mode runs the module once: BatchNorm running statistics are
+updated by it and exported updated.) A dynamo one::
+
+    model = torch.onnx.export(module, args, dynamo=True, opset_version=18,
+                              training=torch.onnx.TrainingMode.TRAINING).model_proto
+    model = fix_dynamo_training_export(model)
+    generate_artifacts(model, requires_grad=trainable_parameter_names(model, module, strict=True), ...)
+
+(the dynamo exporter's default ``optimize=True`` merges small initializers with equal values,
+parameters included; ``strict=True`` catches it, ``optimize=False`` avoids it.)
+
+``generate_artifacts`` keeps node names in ``training_model.onnx`` except where onnxruntime's
+training transformers replace nodes: BatchNormalization becomes ``<name>_BatchNormInternal``, an
+Erf-based GELU becomes one ``com.microsoft`` ``Gelu`` named ``Gelu``, ``Gelu_token_0``, ..., a
+Transpose of a weight with a unit dimension becomes ``Transpose_Reshape``. Such nodes keep the
+output tensor names of the nodes they replace, so their scope is that of the ``eval_model.onnx``
+node producing the same output.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import onnx
+
+NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
+CLASS_HIERARCHY_KEY = "pkg.torch.onnx.class_hierarchy"
+NAMESPACE_KEY = "namespace"
+# Written by the dynamo exporter: the Python stack of the op, with absolute source file paths.
+STACK_TRACE_KEY = "pkg.torch.onnx.stack_trace"
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A deep copy of ``model``."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph (If/Loop/Scan bodies) inside it, depth first."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def _all_names(model: onnx.ModelProto) -> set[str]:
+    """Every tensor name used anywhere in the model (graph, subgraphs and local functions)."""
+    names: set[str] = set()
+    for graph in _graphs(model.graph):
+        names.update(i.name for i in graph.input)
+        names.update(o.name for o in graph.output)
+        names.update(t.name for t in graph.initializer)
+        names.update(v.name for v in graph.value_info)
+        for node in graph.node:
+            names.update(node.input)
+            names.update(node.output)
+    for fn in model.functions:
+        names.update(fn.input)
+        names.update(fn.output)
+        for node in fn.node:
+            names.update(node.input)
+            names.update(node.output)
+    names.discard("")
+    return names
+
+
+def _unique(base: str, taken: set[str]) -> str:
+    """``base``, or ``base_1``, ``base_2`` ... if taken; the name returned is added to ``taken``."""
+    name, k = base, 1
+    while name in taken:
+        name = f"{base}_{k}"
+        k += 1
+    taken.add(name)
+    return name
+
+
+# Optional outputs that onnxruntime-training's gradient builders read (gradient_builder.cc):
+# op type -> names of the outputs after the first, in order. The exporters often leave them off.
+_GRADIENT_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "Dropout": ("mask",),  # DropoutGrad(dY, mask, ratio, training_mode)
+    "LayerNormalization": ("mean", "inv_std_dev"),  # LayerNormalizationGrad(dY, X, scale, mean, inv_std)
+}
+# Not MaxPool: its builder can read the Indices output, but a TorchScript MaxPool given one
+# trains with wrong gradients in onnxruntime 1.19.2 (measured), while without it the gradient is
+# built from input and output and is right.
+
+
+def _fix_node_outputs(nodes: Iterable[onnx.NodeProto], taken: set[str]) -> int:
+    """Add the missing outputs of :data:`_GRADIENT_OUTPUTS` to ``nodes``; returns how many."""
+    count = 0
+    for node in nodes:
+        extra = _GRADIENT_OUTPUTS.get(node.op_type)
+        if extra is None or node.domain not in _DEFAULT_DOMAINS or not node.output or not node.output[0]:
+            continue
+        for k, suffix in enumerate(extra, start=1):
+            name = f"{node.output[0]}_{suffix}"
+            if len(node.output) <= k:
+                node.output.append(_unique(name, taken))
+                count += 1
+            elif not node.output[k]:
+                node.output[k] = _unique(name, taken)
+                count += 1
+    return count
+
+
+def _all_node_lists(model: onnx.ModelProto) -> Iterator[Any]:
+    """The node lists of the main graph, its subgraphs, local functions and their subgraphs."""
+    for graph in _graphs(model.graph):
+        yield graph.node
+    for fn in model.functions:
+        yield fn.node
+        for node in fn.node:
+            for attr in node.attribute:
+                subs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+                for sub in subs:
+                    for g in _graphs(sub):
+                        yield g.node
+
+
+def add_gradient_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Return a copy of ``model`` whose nodes have the optional outputs gradient builders read.
+
+    onnxruntime-training's gradient builders use optional forward outputs that exporters leave
+    off; without them ``generate_artifacts`` fails with ``GradientBuilderBase::O(size_t, bool)
+    const i < node_->OutputDefs().size() was false``. Added (named ``<output 0>_<suffix>``, made
+    unique):
+
+    * ``Dropout``: output 1, the mask (``_mask``). The dynamo exporter writes Dropout without it.
+    * ``LayerNormalization``: outputs 1 and 2, mean and inverse standard deviation (``_mean``,
+      ``_inv_std_dev``). Both exporters (TorchScript at opset 17+) write LayerNormalization with
+      ``Y`` only.
+
+    ``MaxPool`` is left alone on purpose: given its ``Indices`` output, onnxruntime 1.19.2 builds
+    a gradient from it that is wrong for a TorchScript export (checked against PyTorch); without
+    it the gradient is right.
+
+    Default-domain nodes in the main graph, subgraphs and model-local functions are fixed; an
+    output that is already there is kept. The input model is not changed.
+    """
+    fixed = _copy(model)
+    taken = _all_names(fixed)
+    for nodes in _all_node_lists(fixed):
+        _fix_node_outputs(nodes, taken)
+    return fixed
+
+
+def fix_dynamo_training_export(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Return a copy of a dynamo-exported training-mode model that ``generate_artifacts`` accepts.
+
+    * Every ``Dropout`` node without a mask output gets one, named ``<output>_mask`` (made unique
+      if that name is taken): the dynamo exporter writes ``Dropout`` with its data output only,
+      and onnxruntime's gradient builder for ``Dropout`` reads output 1 (it fails with
+      ``GradientBuilderBase::O(size_t, bool) const i < node_->OutputDefs().size() was false``).
+      ``LayerNormalization`` gets its optional outputs the same way; see
+      :func:`add_gradient_outputs`.
+    * ``pkg.torch.onnx.stack_trace`` node metadata is removed: it holds absolute source paths, so
+      the same export from two checkouts would differ. The scope metadata
+      (``pkg.torch.onnx.name_scopes``, ``pkg.torch.onnx.class_hierarchy``, ``namespace``) stays.
+
+    The other thing a dynamo export needs is the right ``requires_grad`` list (constants are
+    initializers too): see :func:`trainable_parameter_names`. The input model is not changed.
+    """
+    fixed = add_gradient_outputs(model)
+    for nodes in _all_node_lists(fixed):
+        for node in nodes:
+            keep = [p for p in node.metadata_props if p.key != STACK_TRACE_KEY]
+            if len(keep) != len(node.metadata_props):
+                del node.metadata_props[:]
+                node.metadata_props.extend(keep)
+    return fixed
+
+
+def fix_eval_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Return a copy of an ``eval_model.onnx`` written by ``generate_artifacts`` that onnxruntime loads.
+
+    ``generate_artifacts`` makes the eval model by switching training mode off: it sets
+    ``training_mode=0`` on ``BatchNormalization`` but leaves the running-statistics outputs a
+    training-mode export has (TorchScript writes three), and onnxruntime then refuses the model
+    (``[ShapeInferenceError] This number of op outputs should be 1 when Training_mode = False``).
+    This drops outputs 1 and 2 of every ``BatchNormalization`` that is not in training mode when
+    no node and no graph output uses them. Node names and metadata are kept; the input model is
+    not changed. Models without such nodes come back unchanged (as a copy).
+    """
+    fixed = _copy(model)
+    node_lists = [list(nodes) for nodes in _all_node_lists(fixed)]
+    used = {i for nodes in node_lists for n in nodes for i in n.input}
+    for graph in _graphs(fixed.graph):
+        used.update(o.name for o in graph.output)
+    for fn in fixed.functions:
+        used.update(fn.output)
+    for nodes in node_lists:
+        for node in nodes:
+            if node.op_type != "BatchNormalization" or node.domain not in _DEFAULT_DOMAINS:
+                continue
+            training = any(a.name == "training_mode" and a.i for a in node.attribute)
+            if training or len(node.output) <= 1:
+                continue
+            if any(o and o in used for o in node.output[1:]):
+                continue
+            del node.output[1:]
+    return fixed
+
+
+def trainable_parameter_names(model: onnx.ModelProto, module: Any, *, strict: bool = False) -> list[str]:
+    """Names of the initializers of ``model`` that are trainable parameters of ``module``.
+
+    A parameter counts when ``module.named_parameters()`` has it with ``requires_grad`` set and an
+    initializer of that exact name exists (both exporters name parameter initializers by module
+    path, e.g. ``blocks.0.y``). Constants (the dynamo exporter's ``val_0`` ...), buffers (BatchNorm
+    running statistics, masks) and frozen parameters are left out. Order: that of the
+    initializers in the graph. Pass the result as ``requires_grad`` to ``generate_artifacts``
+    (asking it for the gradient of a constant fails with ``failed to find NodeArg by name:
+    val_4_grad``).
+
+    A trainable parameter without an initializer is either unused by the forward pass or was
+    merged away: the dynamo exporter's default ``optimize=True`` deduplicates small initializers
+    with equal values, so for example a fresh ``BatchNorm`` weight (all ones) can end up sharing
+    the initializer of a ``LayerNorm`` weight, silently tying them in training (export with
+    ``optimize=False`` to avoid it). With ``strict=True`` such parameters raise ``ValueError``.
+    """
+    trainable = [name for name, p in module.named_parameters() if getattr(p, "requires_grad", True)]
+    wanted = set(trainable)
+    seen: set[str] = set()
+    out: list[str] = []
+    for init in model.graph.initializer:
+        if init.name in wanted and init.name not in seen:
+            seen.add(init.name)
+            out.append(init.name)
+    if strict:
+        missing = [name for name in trainable if name not in seen]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} trainable parameter(s) of the module have no initializer in the "
+                f"model: {', '.join(missing[:10])}{' ...' if len(missing) > 10 else ''} (unused by "
+                "forward, or merged with an equal initializer by the dynamo exporter's optimizer: "
+                "export with optimize=False)"
+            )
+    return out
+
+
+def _qualname(obj: Any) -> str:
+    """``module.QualName`` of ``obj``'s class, as the dynamo exporter writes it."""
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _op_label(node: onnx.NodeProto) -> str:
+    """The last ``class_hierarchy`` element of a node: its op type (``domain.op_type`` outside
+    the default domain)."""
+    if node.domain in _DEFAULT_DOMAINS:
+        return node.op_type
+    return f"{node.domain}.{node.op_type}"
+
+
+def _resolve_module_paths(components: list[str], modules: dict[str, Any]) -> list[str] | None:
+    """Full module paths for the scope components of a TorchScript node name, or None.
+
+    TorchScript names a scope mostly relative to its parent scope (``/blocks.0/drop/Dropout``:
+    the ModuleList child ``blocks.0`` under the root, then ``drop`` under it), so a path is the
+    running ``.``-join; but children with numeric names appear with their full path
+    (``/seq/seq.0/Gemm``, ``/layers.0/layers.0.1/bn1/...`` for a Sequential's children), so a
+    component that is itself a full ``named_modules()`` key is taken as such when the join is
+    not one.
+    """
+    paths: list[str] = []
+    prefix = ""
+    for comp in components:
+        if not comp:
+            return None
+        candidate = f"{prefix}.{comp}" if prefix else comp
+        if candidate in modules:
+            prefix = candidate
+        elif comp in modules:
+            prefix = comp
+        else:
+            return None
+        paths.append(prefix)
+    return paths
+
+
+def annotate_scopes(model: onnx.ModelProto, module: Any, *, overwrite: bool = False) -> onnx.ModelProto:
+    """Return a copy of a TorchScript export whose nodes carry the dynamo exporter's scope metadata.
+
+    For every node named like ``/blocks.0/drop/Dropout`` (the TorchScript exporter's
+    ``/<scope>/<scope>/<op name>``) this adds the node ``metadata_props``
+
+    * ``pkg.torch.onnx.name_scopes``: ``"['', 'blocks.0', 'blocks.0.drop', 'Dropout']"``, a Python
+      list literal: the root ``''``, the module path of every scope from outer to inner, then the
+      node's own name (the last component of its ONNX name);
+    * ``pkg.torch.onnx.class_hierarchy``: ``"['msdef.Net', 'msdef.Block',
+      'torch.nn.modules.dropout.Dropout', 'Dropout']"``, the qualified classes
+      (``f"{cls.__module__}.{cls.__qualname__}"``) of the root module and of every scope, aligned
+      with ``name_scopes``, then the ONNX op type (``domain.op_type`` outside the default domain);
+    * ``namespace``: ``": msdef.Net/blocks.0: msdef.Block/.../Dropout: Dropout"``, as dynamo writes.
+
+    Module classes come from ``module.named_modules()`` (pass the module that was exported).
+    Scope components are resolved against its keys: TorchScript writes a child relative to its
+    parent (``/blocks.0/drop``) except numeric children of a Sequential, which it writes in full
+    (``/seq/seq.0/Gemm`` is ``seq`` then ``seq.0``); both resolve to the dynamo exporter's paths.
+    Nodes at the root (``/MatMul``) get ``['', 'MatMul']``. Nodes whose name is not of this form
+    (no leading ``/``), or whose scopes do not resolve to submodules, are left unannotated; so
+    are nodes that already carry ``name_scopes`` unless ``overwrite`` is set. Node names are not
+    changed: ``generate_artifacts`` keeps them in ``training_model.onnx`` (where it drops node
+    metadata), so the scope of a training-graph node can be looked up by name in
+    ``eval_model.onnx``. The input model is not changed.
+    """
+    annotated = _copy(model)
+    modules = {name: mod for name, mod in module.named_modules() if name}
+    root_class = _qualname(module)
+    for graph in _graphs(annotated.graph):
+        for node in graph.node:
+            if not node.name.startswith("/"):
+                continue
+            existing = {p.key for p in node.metadata_props}
+            if NAME_SCOPES_KEY in existing and not overwrite:
+                continue
+            parts = node.name.split("/")[1:]
+            if not parts or not parts[-1]:
+                continue
+            paths = _resolve_module_paths(parts[:-1], modules)
+            if paths is None:
+                continue
+            scopes = ["", *paths, parts[-1]]
+            classes = [root_class, *(_qualname(modules[p]) for p in paths), _op_label(node)]
+            namespace = "/".join(f"{s}: {c}" for s, c in zip(scopes, classes))
+            values = {
+                NAME_SCOPES_KEY: repr(scopes),
+                CLASS_HIERARCHY_KEY: repr(classes),
+                NAMESPACE_KEY: namespace,
+            }
+            keep = [p for p in node.metadata_props if p.key not in values]
+            del node.metadata_props[:]
+            node.metadata_props.extend(keep)
+            for key, value in values.items():
+                node.metadata_props.add(key=key, value=value)
+    return annotated
