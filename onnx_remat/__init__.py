@@ -1,3 +1,27 @@
-"""onnx-remat: activation recomputation for ONNX training graphs."""
+"""onnx-remat: activation recomputation (rematerialization) for ONNX training graphs.
+
+>>> import onnx_remat
+>>> result = onnx_remat.apply("models/artifacts/blocks10", scopes=["Block"])
+>>> result.save("blocks10_remat")
+
+See README.md for the command line (``onnx-remat``), which is a thin layer over this package.
+"""
 
 __version__ = "0.1.0"
+
+from .analysis import ModelAnalysis, analyze_model  # noqa: E402
+from .apply import ApplyResult, apply, plan  # noqa: E402
+from .errors import EnvironmentProblem, RegressionError, RematError, UsageError  # noqa: E402
+
+__all__ = [
+    "ApplyResult",
+    "EnvironmentProblem",
+    "ModelAnalysis",
+    "RegressionError",
+    "RematError",
+    "UsageError",
+    "__version__",
+    "analyze_model",
+    "apply",
+    "plan",
+]

@@ -155,10 +155,10 @@ class ScopeTree:
         for parent in self.root.walk():
             by_key: dict[tuple, list[Scope]] = defaultdict(list)
             for child in parent.children:
-                ops = tuple(n.op for n in child.all_nodes())
-                if not ops:
-                    continue
-                key = (child.class_name, ops) if child.class_name else (None, ops)
+                if child.class_name:
+                    key: tuple = ("class", child.class_name)
+                else:
+                    key = ("ops", tuple(n.op for n in child.all_nodes()))
                 by_key[key].append(child)
             groups.extend(g for g in by_key.values() if len(g) > 1)
         return groups
@@ -227,15 +227,27 @@ def _metadata_chain(metadata: dict[str, str]) -> list[tuple[str, str | None]] | 
 
 
 def _name_chain(name: str) -> list[tuple[str, str | None]]:
-    """[(module path, None)] from a TorchScript node name such as ``/blocks.0/attn/MatMul``."""
+    """[(module path, None)] from a TorchScript node name such as ``/blocks.0/attn/MatMul``.
+
+    A component is the module's name relative to its parent (``attn``) or, for children of
+    containers, its full path (``/layers.0/layers.0.0/conv1/Conv``): both give ``layers.0.0.conv1``.
+    """
     if not name.startswith("/"):
         return []
     parts = [p for p in name.split("/")[1:-1] if p]
     chain, path = [], ""
     for part in parts:
-        path = f"{path}.{part}" if path else part
+        if not path or part.startswith(path + "."):
+            path = part
+        else:
+            path = f"{path}.{part}"
         chain.append((path, None))
     return chain
+
+
+def _natural_key(path: str) -> list:
+    """Sort key that puts blocks.2 before blocks.10."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
 
 
 def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None) -> ScopeTree:
@@ -244,11 +256,21 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
     ``eval_model`` (the artifacts' ``eval_model.onnx``) supplies node metadata by node name when
     the training graph lost it. Where metadata is missing, TorchScript node names are used.
     """
+    # onnxruntime renames some forward nodes in the training graph (Gelu -> com.microsoft Gelu,
+    # BatchNormalization -> ..._BatchNormInternal) but keeps their output tensor names, so the
+    # eval model's metadata is looked up by node name, then by output name.
     eval_meta: dict[str, dict[str, str]] = {}
+    eval_meta_by_output: dict[str, dict[str, str]] = {}
     if eval_model is not None:
         for proto in eval_model.graph.node:
-            if proto.name and proto.metadata_props:
-                eval_meta[proto.name] = {p.key: p.value for p in proto.metadata_props}
+            if not proto.metadata_props:
+                continue
+            meta = {p.key: p.value for p in proto.metadata_props}
+            if proto.name:
+                eval_meta[proto.name] = meta
+            for out in proto.output:
+                if out:
+                    eval_meta_by_output[out] = meta
 
     root = Scope(path="")
     root_class = None
@@ -260,10 +282,14 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         chain = _metadata_chain(tg.mg.extras(node).metadata)
         if chain is not None:
             sources.add("node metadata")
-        elif node.name in eval_meta:
-            chain = _metadata_chain(eval_meta[node.name])
-            if chain is not None:
-                sources.add("eval_model.onnx metadata")
+        else:
+            meta = eval_meta.get(node.name) or next(
+                (eval_meta_by_output[o.name] for o in node.outputs if o.name in eval_meta_by_output), None
+            )
+            if meta is not None:
+                chain = _metadata_chain(meta)
+                if chain is not None:
+                    sources.add("eval_model.onnx metadata")
         if chain is None:
             chain = _name_chain(node.name)
             if chain:
@@ -283,6 +309,8 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         scope.nodes.append(node)
         scope_of[id(node)] = scope
     root.class_name = root_class
+    for scope in root.walk():
+        scope.children.sort(key=lambda c: _natural_key(c.path))
     source = " + ".join(sorted(sources)) if sources else "none"
     return ScopeTree(root, scope_of, source)
 

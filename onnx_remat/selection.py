@@ -64,9 +64,11 @@ class Segment:
     targets: list[gs.Tensor]  # stashed tensors whose backward readers switch to the clones
     boundary: list[gs.Tensor]  # tensors the clones read from storage
     kept: list[gs.Tensor]  # stashed tensors of the segment that stay stored
-    released_bytes: int | None = None  # stored bytes freed after the forward pass (None: unknown)
-    target_bytes: int | None = None
-    extra_boundary_bytes: int | None = None  # boundary bytes kept alive only because of recompute
+    # Stored bytes freed after the forward pass, counting the tensors of known size; when
+    # ``unknown_sizes`` is not empty the true figure differs by those tensors' bytes.
+    released_bytes: int = 0
+    target_bytes: int = 0
+    extra_boundary_bytes: int = 0  # boundary bytes kept alive only because of recompute
     unknown_sizes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -102,9 +104,14 @@ class RecomputePlan:
     notes: list[str] = field(default_factory=list)
 
     @property
-    def released_bytes(self) -> int | None:
-        values = [s.released_bytes for s in self.segments]
-        return None if any(v is None for v in values) else sum(values)
+    def released_bytes(self) -> int:
+        """Stored bytes released, over tensors of known size (see :attr:`unknown_sizes`)."""
+        return sum(s.released_bytes for s in self.segments)
+
+    @property
+    def unknown_sizes(self) -> list[str]:
+        """Tensors whose size is unknown, so not counted in :attr:`released_bytes`."""
+        return sorted({n for s in self.segments for n in s.unknown_sizes})
 
 
 def _op_histogram(nodes: list[gs.Node]) -> dict[str, int]:
@@ -180,6 +187,13 @@ class Planner:
                 kept.append(seg)
         kept.sort(key=lambda s: self.tg.position[id(s.recompute[0])])
         return RecomputePlan(segments=kept, skipped=skipped, notes=notes)
+
+    def scope_segment(self, scope) -> Segment | None:
+        """The accounted segment recomputing ``scope`` alone (None if it stores nothing recomputable)."""
+        seg = self._scope_segment(scope.path, [scope.path], scope.all_nodes())
+        if seg is not None:
+            self._account(seg)
+        return seg
 
     def _scope_segments(self, patterns: list[str], recompute_outputs: bool, notes: list[str]) -> list[Segment]:
         match = self.tree.match(patterns)
@@ -423,10 +437,10 @@ class Planner:
         seg.target_bytes = target_bytes
         seg.extra_boundary_bytes = extra
         seg.unknown_sizes = unknown
-        seg.released_bytes = None if unknown else target_bytes - extra
+        seg.released_bytes = target_bytes - extra
 
     def _skip_reason(self, seg: Segment) -> str | None:
-        if seg.released_bytes is not None and seg.released_bytes <= 0:
+        if not seg.unknown_sizes and seg.released_bytes <= 0:
             return (
                 f"would not lower memory: releases {seg.target_bytes} B of stored activations but keeps "
                 f"{seg.extra_boundary_bytes} B of its inputs alive until the backward pass"

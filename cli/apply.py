@@ -1,0 +1,80 @@
+"""``onnx-remat apply``: rewrite a training graph so selected activations are recomputed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+import onnx_remat
+from onnx_remat.units import format_bytes
+
+from .common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
+
+
+@click.command("apply")
+@model_argument
+@selection_options
+@dims_option
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output file or artifacts directory "
+              "(default: MODEL.remat.onnx, or <artifacts>_remat/).")
+@click.option("--force", is_flag=True, help="Replace an existing output, even the input itself.")
+@json_option
+@click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written.")
+def apply_cmd(model, scopes, op_types, nodes, recompute_outputs, dims, output, force, json_out, quiet):
+    """Recompute activations of MODEL in the backward pass instead of storing them.
+
+    MODEL is a training graph (.onnx, with forward and gradient nodes) or an onnxruntime-training
+    artifacts directory; from a directory the output is a complete artifacts directory.
+
+    \b
+    Examples:
+      onnx-remat apply models/artifacts/blocks10 --scope Block
+      onnx-remat apply training_model.onnx --scope 'encoder.layer.*' -o remat.onnx
+      onnx-remat apply training_model.onnx --op-type Softmax,Gelu
+    """
+    result = onnx_remat.apply(
+        model,
+        scopes=scopes,
+        op_types=op_types,
+        nodes=nodes,
+        recompute_outputs=recompute_outputs,
+        dims=dims_from(dims),
+    )
+    written = result.save(output, force=force)
+    if not quiet:
+        print_apply_summary(result)
+    console.print(f"wrote {written}")
+    write_json({**result.summary(), "output": str(written)}, json_out)
+
+
+def print_apply_summary(result) -> None:
+    """Per-segment table, skipped segments and notes of an :class:`onnx_remat.ApplyResult`."""
+    counts = result.analysis.graph.counts()
+    console.print(
+        f"[bold]{result.analysis.name}[/]: {counts['nodes']} nodes ({counts['forward_nodes']} forward, "
+        f"{counts['backward_nodes']} backward), {counts['stashed_activations']} stashed activations; "
+        f"scopes from {result.analysis.scopes.source}"
+    )
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("segment")
+    table.add_column("cloned", justify="right")
+    table.add_column("recomputed activations", justify="right")
+    table.add_column("stored bytes released", justify="right")
+    table.add_column("runs when the backward pass reaches")
+    for seg in result.rewrite.segments:
+        s = seg.segment
+        released = format_bytes(s.released_bytes) + (f" (+{len(s.unknown_sizes)} unknown)" if s.unknown_sizes else "")
+        trigger = ", ".join(seg.triggers) or "-"
+        table.add_row(seg.label, str(len(seg.clones)), str(len(s.targets)), released, trigger)
+    console.print(table)
+    total = format_bytes(result.released_bytes)
+    console.print(
+        f"{result.clone_count} nodes cloned in {len(result.rewrite.segments)} segments; "
+        f"{total} of stored activations released after the forward pass"
+    )
+    for skipped in result.plan.skipped:
+        console.print(f"[yellow]skipped[/] {skipped.label}: {skipped.reason}")
+    for note in result.plan.notes + result.notes:
+        console.print(f"[dim]note:[/] {note}")

@@ -1,0 +1,83 @@
+"""Everything onnx-remat knows about a training graph before it changes anything, in one object.
+
+:func:`analyze_model` loads the model (a file, an artifacts directory, a :class:`LoadedModel` or an
+``onnx.ModelProto``) and runs the analysis passes: forward/backward split
+(:mod:`onnx_remat.training_graph`), scope tree (:mod:`onnx_remat.scopes`, with ``eval_model.onnx``
+from beside the training graph when there is one) and tensor sizes (:mod:`onnx_remat.shapes`).
+The commands ``apply``, ``scopes``, ``estimate`` and ``viz`` all start from it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import onnx
+
+from .gs_bridge import ModelGraph
+from .model_io import LoadedModel, check_model, load_model
+from .scopes import ScopeTree, resolve_scopes
+from .shapes import TensorSizes
+from .training_graph import TrainingGraph, analyze
+
+ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
+
+
+@dataclass
+class ModelAnalysis:
+    """A loaded training graph with its analyses.
+
+    ``source`` is None when the model was given as a ModelProto. ``graph`` holds the
+    graphsurgeon graph the rewrite edits: analyse again before a second rewrite.
+    """
+
+    model: onnx.ModelProto
+    source: LoadedModel | None
+    graph: TrainingGraph
+    scopes: ScopeTree
+    sizes: TensorSizes
+
+    @property
+    def name(self) -> str:
+        """How to call this model in messages: its path, or 'model'."""
+        if self.source is None:
+            return "model"
+        return str(self.source.artifacts_dir or self.source.path)
+
+
+def as_loaded(model: ModelLike) -> LoadedModel | None:
+    """A :class:`LoadedModel` for paths and LoadedModels; None for an in-memory ModelProto."""
+    if isinstance(model, LoadedModel):
+        return model
+    if isinstance(model, onnx.ModelProto):
+        return None
+    return load_model(model)
+
+
+def analyze_model(
+    model: ModelLike,
+    *,
+    eval_model: str | os.PathLike | onnx.ModelProto | None = None,
+    dims: dict[str, int] | None = None,
+) -> ModelAnalysis:
+    """Load ``model`` and analyse it. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
+
+    ``eval_model`` supplies scope metadata the training graph lost; by default the
+    ``eval_model.onnx`` beside the training graph is used when there is one.
+    Raises :class:`~onnx_remat.errors.RematError` for unreadable or forward-only graphs.
+    """
+    source = as_loaded(model)
+    if source is None:
+        proto = model
+        check_model(proto)
+    else:
+        proto = source.model
+    if eval_model is None and source is not None and source.eval_model_path is not None:
+        eval_model = source.eval_model_path
+    eval_proto = None
+    if eval_model is not None:
+        eval_proto = eval_model if isinstance(eval_model, onnx.ModelProto) else load_model(eval_model, check=False).model
+    tg = analyze(ModelGraph(proto))
+    tree = resolve_scopes(tg, eval_proto)
+    sizes = TensorSizes(proto, dims)
+    return ModelAnalysis(model=proto, source=source, graph=tg, scopes=tree, sizes=sizes)

@@ -1,0 +1,58 @@
+"""Human-readable sizes and ratios, and parsing of sizes and percentages given on the command line."""
+
+from __future__ import annotations
+
+import re
+
+from .errors import UsageError
+
+_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 10**3, "KIB": 2**10, "M": 2**20, "MB": 10**6, "MIB": 2**20,
+          "G": 2**30, "GB": 10**9, "GIB": 2**30}
+
+
+def format_bytes(n: int | float | None) -> str:
+    """``225443840`` -> ``'215.0 MiB'``; None -> ``'?'``. Binary units, one decimal."""
+    if n is None:
+        return "?"
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ratio(after: float | None, before: float | None) -> str:
+    """``after/before`` as ``'x0.33'``; ``'?'`` when either is unknown or before is zero."""
+    if after is None or not before:
+        return "?"
+    return f"x{after / before:.2f}"
+
+
+def parse_size(text: str) -> int:
+    """``'16M'``, ``'1.5GiB'``, ``'4096'`` -> bytes. Raises :class:`UsageError` on anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise UsageError(f"not a size: {text!r} (examples: 4096, 16M, 1.5GiB)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def parse_percent(text: str) -> float:
+    """``'2%'`` or ``'0.02'`` -> 0.02. Raises :class:`UsageError` on anything else."""
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise UsageError(f"not a percentage: {text!r} (examples: 2%, 0.02)") from None
+
+
+def parse_dims(items: tuple[str, ...] | list[str]) -> dict[str, int]:
+    """``('batch=8', 'seq=128')`` -> ``{'batch': 8, 'seq': 128}`` (the ``--dim`` option)."""
+    dims: dict[str, int] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or not value.strip().isdigit():
+            raise UsageError(f"--dim takes name=value with a positive integer value, got {item!r}")
+        dims[name.strip()] = int(value)
+    return dims
