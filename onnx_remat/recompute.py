@@ -120,21 +120,19 @@ class RecomputeRewrite:
         graph = tg.graph
         labels = _unique_labels([s.label for s in plan.segments])
         # Triggers and readers are read off the original graph before any edge changes.
-        staged = [(seg, label, *self._readers_and_triggers(tg, seg)) for seg, label in zip(plan.segments, labels)]
+        staged = [(seg, label, self._schedule(tg, seg)) for seg, label in zip(plan.segments, labels)]
 
-        insert_before: dict[int, list[gs.Node]] = {}
+        before: dict[int, list[gs.Node]] = {}
+        moved: set[int] = set()
         done: list[RewrittenSegment] = []
-        for seg, label, readers, triggers, notes in staged:
-            added, rewritten = self._rewrite_segment(tg, seg, label, readers, triggers)
-            rewritten.notes.extend(notes)
-            insert_before.setdefault(id(readers[0]), []).extend(added)
+        for seg, label, sched in staged:
+            added, rewritten = self._rewrite_segment(tg, seg, label, sched.readers, sched.triggers, sched.insert_at)
+            rewritten.notes.extend(sched.notes)
+            late = [n for n in sched.moved if id(n) not in moved]
+            moved.update(id(n) for n in late)
+            before.setdefault(id(sched.insert_at), []).extend(added + late)
             done.append(rewritten)
-
-        nodes: list[gs.Node] = []
-        for node in tg.order:
-            nodes.extend(insert_before.get(id(node), ()))
-            nodes.append(node)
-        graph.nodes = nodes
+        graph.nodes = _emit(tg.order, before, moved)
 
         plan_json = json.dumps([s.summary() for s in done], sort_keys=True)
         model = tg.mg.to_model(
@@ -143,24 +141,38 @@ class RecomputeRewrite:
         )
         return RewriteResult(model=model, segments=done)
 
-    def _readers_and_triggers(self, tg: TrainingGraph, seg: Segment):
-        readers: dict[int, gs.Node] = {}
+    def _schedule(self, tg: TrainingGraph, seg: Segment) -> _Schedule:
+        """Where a segment's clones go and what they wait for.
+
+        The trigger is the gradient input of the segment's first backward reader. A reader that
+        has no gradient input (e.g. a Reshape feeding a weight-gradient MatMul) cannot provide
+        one; then the trigger comes from the next reader that has, excluding gradients computed
+        from the earlier readers (that would be a cycle), and the earlier readers (with what
+        depends on them up to there) move to just after the clones.
+        """
+        by_id: dict[int, gs.Node] = {}
         for t in seg.targets:
             for n in tg.backward_consumers(t):
-                readers[id(n)] = n
-        ordered = sorted(readers.values(), key=lambda n: tg.position[id(n)])
-        notes: list[str] = []
-        for reader in ordered:
-            triggers = _unique([t for t in reader.inputs if t.name and producer(t) is not None and tg.is_backward(producer(t))])
-            if triggers:
-                return ordered, triggers, notes
+                by_id[id(n)] = n
+        readers = sorted(by_id.values(), key=lambda n: tg.position[id(n)])
+        for k, reader in enumerate(readers):
+            triggers = _unique([t for t in reader.inputs if _is_gradient(tg, t)])
+            if not triggers:
+                continue
+            moved: list[gs.Node] = []
+            if k:
+                moved = _downstream_before(tg, readers[:k], tg.position[id(reader)])
+                blocked = {id(n) for n in moved}
+                triggers = [t for t in triggers if id(producer(t)) not in blocked]
+                if not triggers:
+                    continue
+            return _Schedule(readers, triggers, reader, moved, [])
         if tg.seed is not None:
-            notes.append("no gradient input reaches this segment's readers first: the loss gradient seed is the trigger")
-            return ordered, [tg.seed], notes
-        notes.append("no trigger found: clones may run early")
-        return ordered, [], notes
+            note = "no gradient input reaches this segment's readers: the loss gradient seed is the trigger"
+            return _Schedule(readers, [tg.seed], readers[0], [], [note])
+        return _Schedule(readers, [], readers[0], [], ["no trigger found: clones may run early"])
 
-    def _rewrite_segment(self, tg, seg: Segment, label: str, readers, triggers):
+    def _rewrite_segment(self, tg, seg: Segment, label: str, readers, triggers, insert_at):
         gated: dict[str, gs.Tensor] = {}
         gate_order: list[gs.Tensor] = []
 
@@ -245,7 +257,7 @@ class RecomputeRewrite:
             barrier=barrier_name,
             triggers=[t.name for t in triggers] if self.barrier else [],
             clones=[c.name for c in clones],
-            first_consumer=readers[0].name,
+            first_consumer=insert_at.name,
             rewired_inputs=rewired,
         )
         return added, rewritten
@@ -271,6 +283,7 @@ class RecomputeRewrite:
                 if node.name in names:
                     raise RuntimeError(f"rewrite produced node name {node.name!r} twice")
                 names.add(node.name)
+        by_name = {n.name: n for n in nodes if n.name}
         for seg in result.segments:
             for t in seg.segment.targets:
                 still = [n.name for n in t.outputs if tg.is_backward(n)]
@@ -278,11 +291,55 @@ class RecomputeRewrite:
                     raise RuntimeError(f"{t.name} is still read by backward nodes {still[:3]}")
             if self.barrier:
                 own = {seg.barrier} | set(seg.clones)
-                for node in nodes:
-                    if node.name in seg.clones and not any(
-                        producer(t) is not None and producer(t).name in own for t in node.inputs
-                    ):
-                        raise RuntimeError(f"clone {node.name!r} is not behind its barrier")
+                for name in seg.clones:
+                    clone = by_name[name]
+                    if not any(producer(t) is not None and producer(t).name in own for t in clone.inputs):
+                        raise RuntimeError(f"clone {name!r} is not behind its barrier")
+
+
+@dataclass
+class _Schedule:
+    readers: list[gs.Node]  # backward nodes reading the segment's targets, topological order
+    triggers: list[gs.Tensor]
+    insert_at: gs.Node  # barrier and clones go right before this node
+    moved: list[gs.Node]  # earlier readers (and dependents) that move after the clones
+    notes: list[str]
+
+
+def _is_gradient(tg: TrainingGraph, t: gs.Tensor) -> bool:
+    p = producer(t) if t.name else None
+    return p is not None and tg.is_backward(p)
+
+
+def _downstream_before(tg: TrainingGraph, starts: list[gs.Node], limit: int) -> list[gs.Node]:
+    """``starts`` and every node depending on them positioned before ``limit``, in order."""
+    seen = {id(n): n for n in starts}
+    stack = list(starts)
+    while stack:
+        node = stack.pop()
+        for out in node.outputs:
+            for c in out.outputs:
+                if id(c) not in seen and tg.position[id(c)] < limit:
+                    seen[id(c)] = c
+                    stack.append(c)
+    return sorted(seen.values(), key=lambda n: tg.position[id(n)])
+
+
+def _emit(order: list[gs.Node], before: dict[int, list[gs.Node]], moved: set[int]) -> list[gs.Node]:
+    """The new node list: ``before[id(n)]`` goes right before ``n``; moved nodes only go there."""
+    out: list[gs.Node] = []
+    for node in order:
+        if id(node) in moved:
+            continue
+        stack: list[tuple[bool, gs.Node]] = [(False, node)]
+        while stack:
+            expanded, n = stack.pop()
+            if expanded or id(n) not in before:
+                out.append(n)
+                continue
+            stack.append((True, n))
+            stack.extend((False, m) for m in reversed(before[id(n)]))
+    return out
 
 
 def _unique(tensors: list[gs.Tensor]) -> list[gs.Tensor]:
