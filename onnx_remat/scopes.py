@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import difflib
 import fnmatch
+import functools
 import re
 from collections import defaultdict
 from collections.abc import Iterator
@@ -194,6 +195,7 @@ def _segment_regex(segment: str) -> str:
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=256)
 def _path_regex(pattern: str) -> re.Pattern[str]:
     return re.compile(r"\.".join(_segment_regex(seg) for seg in pattern.split(".")) + r"\Z")
 

@@ -145,7 +145,7 @@ class Planner:
         self.tree = tree
         self.sizes = sizes
         self._stashed = {t.name for t in tg.stashed}
-        self._inputs = {t.name for t in tg.graph.inputs}
+        self._graph_outputs = {t.name for t in tg.graph.outputs}
 
     # -- what may be cloned ------------------------------------------------------------------
 
@@ -237,11 +237,10 @@ class Planner:
 
     def _scope_segment(self, label: str, paths: list[str], nodes: list[gs.Node]) -> Segment | None:
         inside = {id(n) for n in nodes}
-        graph_outputs = {t.name for t in self.tg.graph.outputs}
         output_nodes = set()
         for n in nodes:
             for out in n.outputs:
-                if out.name in graph_outputs or any(
+                if out.name in self._graph_outputs or any(
                     self.tg.is_forward(c) and id(c) not in inside for c in out.outputs
                 ):
                     output_nodes.add(id(n))
