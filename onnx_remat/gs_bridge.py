@@ -5,7 +5,8 @@ Measured on onnx-graphsurgeon 0.6.1, a plain ``import_onnx``/``export_onnx`` rou
 
 * drops every node's ``doc_string`` (generate_artifacts marks gradient nodes "Backward pass")
   and ``metadata_props`` (the dynamo exporter's scope information),
-* writes initializers in another order, drops the ``value_info`` of some tensors and the
+* writes initializers in another order and drops unused ones, drops the ``value_info`` of some
+  tensors and the
   ``metadata_props`` of graph inputs and outputs,
 * rebuilds the ModelProto, so model-level fields must be copied back,
 * and its ``Graph.toposort()`` is recursive (RecursionError on long out-of-order chains).
@@ -109,7 +110,7 @@ class ModelGraph:
             for key, value in extras.metadata.items():
                 proto.metadata_props.add(key=key, value=value)
 
-        _restore_order(out.graph.initializer, src.graph.initializer)
+        _restore_initializers(out.graph.initializer, src.graph.initializer)
         _restore_value_infos(out.graph.input, src.graph.input)
         _restore_value_infos(out.graph.output, src.graph.output)
         _merge_value_info(out.graph, src.graph)
@@ -129,10 +130,11 @@ class ModelGraph:
         return out
 
 
-def _restore_order(exported, original) -> None:
-    """Put exported initializers back in the source order; new ones follow in export order."""
+def _restore_initializers(exported, original) -> None:
+    """Source initializers in source order (graphsurgeon drops unused ones), then new ones."""
     rank = {t.name: i for i, t in enumerate(original)}
-    items = list(exported)
+    have = {t.name for t in exported}
+    items = list(exported) + [t for t in original if t.name not in have]
     items.sort(key=lambda t: (0, rank[t.name]) if t.name in rank else (1, 0))
     del exported[:]
     exported.extend(items)
@@ -151,11 +153,9 @@ def _restore_value_infos(exported, original) -> None:
 
 
 def _merge_value_info(graph: onnx.GraphProto, original: onnx.GraphProto) -> None:
-    """Keep the source's value_info (for tensors that still exist) first, then the new entries."""
-    alive = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
-    alive |= {i.name for i in graph.input}
+    """The source's value_info as it was (edits never delete tensors), then the new entries."""
     exported = {vi.name: vi for vi in graph.value_info}
-    merged = [vi for vi in original.value_info if vi.name in alive]
+    merged = list(original.value_info)
     seen = {vi.name for vi in merged}
     merged += [vi for name, vi in exported.items() if name not in seen]
     del graph.value_info[:]

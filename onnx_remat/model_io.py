@@ -183,7 +183,8 @@ def save_model(
                 location=location,
                 size_threshold=1024,
             )
-            os.replace(tmpdir / location, out.parent / location)
+            if (tmpdir / location).exists():  # not written when every tensor is small
+                os.replace(tmpdir / location, out.parent / location)
         else:
             onnx.save_model(model, str(tmp_model))
         os.replace(tmp_model, out)

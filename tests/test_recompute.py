@@ -1,0 +1,103 @@
+"""The rewrite: clones and barriers, their names and tags, ordering, what is kept of the model."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+import pytest
+
+from conftest import artifacts_dir
+from onnx_remat import apply
+from onnx_remat.analysis import analyze_model
+from onnx_remat.errors import RematError
+from onnx_remat.recompute import RecomputeRewrite
+from onnx_remat import tags
+
+
+@pytest.fixture(scope="module")
+def result():
+    return apply(artifacts_dir("blocks10"), scopes="Block")
+
+
+def _meta(node: onnx.NodeProto) -> dict[str, str]:
+    return {p.key: p.value for p in node.metadata_props}
+
+
+def test_clones_are_named_tagged_and_behind_their_barrier(result):
+    model = result.model
+    producer = {o: n for n in model.graph.node for o in n.output}
+    clones = [n for n in model.graph.node if _meta(n).get(tags.ROLE_KEY) == tags.ROLE_CLONE]
+    barriers = [n for n in model.graph.node if _meta(n).get(tags.ROLE_KEY) == tags.ROLE_BARRIER]
+    assert len(clones) == result.clone_count == 100
+    assert len(barriers) == 10
+    for clone in clones:
+        meta = _meta(clone)
+        assert tags.is_clone_name(clone.name) and clone.name == meta[tags.SOURCE_KEY] + "/remat"
+        assert "onnx-remat clone" in clone.doc_string
+        seg = meta[tags.SEGMENT_KEY]
+        # Gated: at least one input comes from this segment's barrier or another clone of it.
+        sources = {producer[i].name for i in clone.input if i in producer}
+        assert sources & ({tags.barrier_name(seg)} | {c.name for c in clones if _meta(c)[tags.SEGMENT_KEY] == seg})
+    for barrier in barriers:
+        assert barrier.op_type == "PassThrough" and barrier.domain == "com.microsoft"
+        assert len(barrier.input) == len(barrier.output)
+        # The trigger is a gradient tensor: the gradient of the block's output.
+        seg = _meta(barrier)[tags.SEGMENT_KEY]
+        assert barrier.input[-1] == f"/{seg}/MatMul_1_output_0_grad"
+
+
+def test_dropout_is_replayed_from_its_mask(result):
+    replays = [n for n in result.model.graph.node if n.op_type == "DropoutGrad" and tags.is_clone_name(n.name)]
+    assert len(replays) == 9  # block 0's dropout output is not stashed
+    r = next(n for n in replays if n.name == "/blocks.4/drop/Dropout/remat")
+    assert r.input[1] == "/blocks.4/drop/Dropout_output_1" + tags.GATE_INFIX + "blocks.4"
+    assert not any(n.op_type == "Dropout" and tags.is_clone_name(n.name) for n in result.model.graph.node)
+
+
+def test_backward_reads_clones_and_forward_tensors_are_released(result):
+    readers = [n for n in result.model.graph.node if "/blocks.4/Softmax_output_0" in n.input]
+    assert [n.name for n in readers] == ["/blocks.4/drop/Dropout"]  # only the forward reader is left
+    softmax_grad = next(n for n in result.model.graph.node if n.name == "/blocks.4/Softmax_Grad/SoftmaxGrad_13_0")
+    assert "/blocks.4/Softmax_output_0/remat" in softmax_grad.input
+
+
+def test_clones_sit_right_before_their_first_reader(result):
+    names = [n.name for n in result.model.graph.node]
+    for seg in result.rewrite.segments:
+        at = names.index(seg.first_consumer)
+        block = names[at - 1 - len(seg.clones) : at]
+        assert block[0] == seg.barrier and block[1:] == seg.clones
+
+
+def test_model_fields_are_kept(result):
+    src = onnx.load(str(artifacts_dir("blocks10") / "training_model.onnx"))
+    out = result.model
+    assert out.ir_version == src.ir_version <= 10
+    assert [(o.domain, o.version) for o in out.opset_import] == [(o.domain, o.version) for o in src.opset_import]
+    assert [i.name for i in out.graph.input] == [i.name for i in src.graph.input]
+    assert [o.name for o in out.graph.output] == [o.name for o in src.graph.output]
+    by_name = {n.name: n for n in out.graph.node}
+    for node in src.graph.node:  # every original node is still there, unchanged but its inputs
+        kept = by_name[node.name]
+        assert kept.op_type == node.op_type and kept.doc_string == node.doc_string
+        assert kept.metadata_props == node.metadata_props
+    plan_meta = json.loads({p.key: p.value for p in out.metadata_props}[tags.PLAN_KEY])
+    assert [s["label"] for s in plan_meta] == [f"blocks.{i}" for i in range(10)]
+    onnx.checker.check_model(out)
+
+
+def test_a_rewritten_graph_is_not_rewritten_again(tmp_path, result):
+    path = result.save(tmp_path / "once.onnx")
+    with pytest.raises(RematError, match="already rewritten by onnx-remat"):
+        apply(path, scopes="blocks.*")
+
+
+def test_without_barrier_clones_read_the_originals():
+    analysis = analyze_model(artifacts_dir("blocks10"))
+    from onnx_remat.apply import plan
+
+    naive = RecomputeRewrite(barrier=False)(analysis.graph, plan(analysis, scopes="Block"))
+    assert not any(n.op_type == "PassThrough" for n in naive.model.graph.node)
+    div = next(n for n in naive.model.graph.node if n.name == "/blocks.4/Div/remat")
+    assert div.input[0] == "/blocks.3/MatMul_1_output_0"

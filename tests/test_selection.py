@@ -1,0 +1,123 @@
+"""Planning: which nodes each selection recomputes, what stays stored, what is skipped."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MiB, artifacts_dir
+from onnx_remat.analysis import analyze_model
+from onnx_remat.apply import plan
+from onnx_remat.errors import RematError
+
+
+@pytest.fixture
+def blocks10():
+    return analyze_model(artifacts_dir("blocks10"))
+
+
+def test_per_block_plan(blocks10):
+    p = plan(blocks10, scopes="Block")
+    assert [s.label for s in p.segments] == [f"blocks.{i}" for i in range(10)]
+    seg = p.segments[3]
+    # Every Block node is recomputed except its output node (MatMul_1, read by the next block).
+    assert sorted(n.name for n in seg.recompute) == sorted(
+        f"/blocks.3/{n}" for n in ("Div", "Transpose", "Div_1", "MatMul", "Unsqueeze", "Sub", "Mul", "Add", "Softmax", "drop/Dropout")
+    )
+    assert "/blocks.3/MatMul_1_output_0" in [t.name for t in seg.kept]
+    # The dropout mask stays stored; the dropout output is replayed from it.
+    assert "/blocks.3/drop/Dropout_output_1" in [t.name for t in seg.kept]
+    assert "/blocks.3/drop/Dropout_output_0" in [t.name for t in seg.targets]
+    # Clones read the block input and the parameter from storage.
+    assert {"/blocks.2/MatMul_1_output_0", "blocks.3.y"} <= {t.name for t in seg.boundary}
+    # Div, Div_1 (2 MiB each), Softmax and dropout output (8 MiB each) are released.
+    assert seg.released_bytes == 20 * MiB
+    assert p.released_bytes == 190 * MiB and not p.unknown_sizes
+
+
+def test_op_type_selection_pulls_in_what_is_not_stored(blocks10):
+    p = plan(blocks10, op_types="Softmax")
+    assert len(p.segments) == 10
+    seg = p.segments[5]
+    ops = sorted(n.op for n in seg.recompute)
+    # Softmax needs Add, which is not stored, so Add and its producers are recomputed too,
+    # down to tensors stored anyway (Div outputs, read by the MatMul gradient; the parameter).
+    assert ops == sorted(["Softmax", "Add", "MatMul", "Mul", "Sub", "Unsqueeze"])
+    assert {"/blocks.5/Div_output_0", "/blocks.5/Div_1_output_0"} <= {t.name for t in seg.boundary}
+    assert [t.name for t in seg.targets] == ["/blocks.5/Softmax_output_0"]
+    assert seg.released_bytes == 8 * MiB
+
+
+def test_node_selection_and_its_errors(blocks10):
+    p = plan(blocks10, nodes=["/blocks.2/Softmax"])
+    assert [s.label for s in p.segments] == ["/blocks.2/Softmax"]
+    with pytest.raises(RematError, match=r"no node named '/blocks.2/Softmx'; closest: /blocks.2/Softmax"):
+        plan(blocks10, nodes=["/blocks.2/Softmx"])
+    grad = next(n.name for n in blocks10.graph.backward_nodes)
+    with pytest.raises(RematError, match="is a gradient node"):
+        plan(blocks10, nodes=[grad])
+    with pytest.raises(RematError, match=r"op type 'Softmaks' matches no forward node; closest: Softmax"):
+        plan(blocks10, op_types="Softmaks")
+
+
+def test_random_ops_are_never_recomputed(blocks10):
+    p = plan(blocks10, op_types="Dropout")
+    # A Dropout's output is replayed from its stored mask, never redrawn.
+    for seg in p.segments:
+        assert all(t.name.endswith("Dropout_output_0") for t in seg.targets)
+        assert any(t.name.endswith("Dropout_output_1") for t in seg.boundary)
+
+
+def test_recompute_outputs_merges_adjacent_scopes(blocks10):
+    p = plan(blocks10, scopes="blocks.[0-1]", recompute_outputs=True)
+    assert [s.label for s in p.segments] == ["blocks.0..blocks.1"]
+    seg = p.segments[0]
+    # blocks.0's output node is recomputed now; blocks.1's stays stored.
+    assert "/blocks.0/MatMul_1" in [n.name for n in seg.recompute]
+    assert "/blocks.1/MatMul_1" not in [n.name for n in seg.recompute]
+    assert any("merged adjacent scopes blocks.0 + blocks.1" in n for n in p.notes)
+    separate = plan(blocks10, scopes="blocks.[0-1]")
+    assert [s.label for s in separate.segments] == ["blocks.0", "blocks.1"]
+
+
+def _small_from_big(tmp_path):
+    """A training graph where scope ``small`` stashes 1 KiB computed from a 256 KiB tensor of ``big``."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.training import artifacts
+
+    w = numpy_helper.from_array(np.ones((64, 256), np.float32), "big.w")
+    v = numpy_helper.from_array(np.ones((256, 1), np.float32), "v")
+    nodes = [
+        helper.make_node("MatMul", ["x", "big.w"], ["B"], name="/big/MatMul"),
+        # T = B @ v: its gradient w.r.t. B does not read B, so B is not stashed.
+        helper.make_node("MatMul", ["B", "v"], ["T"], name="/small/MatMul"),
+        helper.make_node("Mul", ["T", "T"], ["y"], name="/small/Mul"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 1])],
+        initializer=[w, v],
+    )
+    model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 18)])
+    artifacts.generate_artifacts(model, requires_grad=["big.w"], loss=artifacts.LossType.MSELoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(tmp_path))
+    return tmp_path
+
+
+def test_segments_that_would_not_lower_memory_are_skipped(tmp_path):
+    analysis = analyze_model(_small_from_big(tmp_path))
+    assert "T" in {t.name for t in analysis.graph.stashed}
+    assert "B" not in {t.name for t in analysis.graph.stashed}
+    p = plan(analysis, scopes="small")
+    assert p.segments == []
+    assert [s.label for s in p.skipped] == ["small"]
+    assert "would not lower memory: releases 1024 B of stored activations but keeps 262144 B" in p.skipped[0].reason
+    # Recomputing both scopes lowers memory: the MatMul is recomputed from stored inputs.
+    both = plan(analysis, scopes=["small", "big"], recompute_outputs=True)
+    assert [s.label for s in both.segments] == ["big..small"] and both.released_bytes == 1024
+
+
+def test_nothing_selected_is_an_error(blocks10):
+    with pytest.raises(RematError, match="nothing selected"):
+        plan(blocks10)
