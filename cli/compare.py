@@ -1,0 +1,50 @@
+"""``onnx-remat compare A B``: measure two training graphs side by side (B/A ratios) and check that
+they compute the same loss and gradients; exit status 1 when they do not. The work is
+:func:`onnx_remat.runtime.compare.compare`; this module parses, calls and prints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import console, err_console, write_json
+from .measure import json_safe, run_kwargs, run_options
+
+
+@click.command("compare")
+@click.argument("a", type=click.Path(path_type=Path))
+@click.argument("b", type=click.Path(path_type=Path))
+@click.option(
+    "--atol",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Absolute tolerance (with --rtol 0 as well: bit for bit).",
+)
+@click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Relative tolerance.")
+@run_options
+@click.pass_context
+def command(ctx, a, b, atol, rtol, json_out, **options):
+    """Compare training graphs A (e.g. the original) and B (e.g. its rewrite).
+
+    Both run with the same inputs, parameters and seed. Prints their memory peaks and step times
+    with B/A ratios, then PASSED when the loss and every gradient of one step are equal (bit for
+    bit unless --atol/--rtol), else FAILED with exit status 1.
+
+    \b
+    Example:
+      onnx-remat compare models/artifacts/blocks10 models/artifacts/blocks10_remat
+    """
+    from onnx_remat.runtime.compare import compare
+    from onnx_remat.runtime.report import progress_display, render_comparison, verdict
+
+    to_stdout = json_out is not None and str(json_out) == "-"
+    out = err_console if to_stdout else console
+    with progress_display(out) as progress:
+        c = compare(a, b, atol=atol, rtol=rtol, progress=progress, **run_kwargs(**options))
+    out.print(verdict(c) if to_stdout else render_comparison(c))
+    write_json(json_safe(c.to_json()), json_out)
+    if not c.equal:
+        ctx.exit(1)
