@@ -21,8 +21,15 @@ from .common import console, dims_from, dims_option, json_option, model_argument
               "(default: MODEL.remat.onnx, or <artifacts>_remat/).")
 @click.option("--force", is_flag=True, help="Replace an existing output, even the input itself.")
 @json_option
+@click.option(
+    "--measure",
+    is_flag=True,
+    help="Then run original and result with onnxruntime-training (as `compare`): peaks, step time, "
+    "and whether loss and gradients are unchanged (exit 1 if not).",
+)
 @click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written.")
-def apply_cmd(model, scopes, op_types, nodes, recompute_outputs, dims, output, force, json_out, quiet):
+@click.pass_context
+def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, output, force, json_out, measure, quiet):
     """Recompute activations of MODEL in the backward pass instead of storing them.
 
     MODEL is a training graph (.onnx, with forward and gradient nodes) or an onnxruntime-training
@@ -46,7 +53,18 @@ def apply_cmd(model, scopes, op_types, nodes, recompute_outputs, dims, output, f
     if not quiet:
         print_apply_summary(result)
     console.print(f"wrote {written}")
-    write_json({**result.summary(), "output": str(written)}, json_out)
+    summary = {**result.summary(), "output": str(written)}
+    if measure:
+        from onnx_remat.runtime.compare import compare
+        from onnx_remat.runtime.report import print_comparison, progress_display
+
+        with progress_display(console) as progress:
+            comparison = compare(model, written, dims=dims_from(dims) or None, progress=progress)
+        print_comparison(console, comparison)
+        summary["measure"] = comparison.to_json()
+    write_json(summary, json_out)
+    if measure and not comparison.equal:
+        ctx.exit(1)
 
 
 def print_apply_summary(result) -> None:

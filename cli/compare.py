@@ -38,13 +38,16 @@ def command(ctx, a, b, atol, rtol, json_out, **options):
       onnx-remat compare models/artifacts/blocks10 models/artifacts/blocks10_remat
     """
     from onnx_remat.runtime.compare import compare
-    from onnx_remat.runtime.report import progress_display, render_comparison, verdict
+    from onnx_remat.runtime.report import print_comparison, progress_display, verdict
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console
     with progress_display(out) as progress:
         c = compare(a, b, atol=atol, rtol=rtol, progress=progress, **run_kwargs(**options))
-    out.print(verdict(c) if to_stdout else render_comparison(c))
+    if to_stdout:
+        out.print(verdict(c), soft_wrap=True)
+    else:
+        print_comparison(out, c)
     write_json(json_safe(c.to_json()), json_out)
     if not c.equal:
         ctx.exit(1)

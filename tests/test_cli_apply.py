@@ -123,3 +123,13 @@ def test_missing_model_and_usage_errors(cli, tmp_path):
     assert_one_line_error(cli("apply", tmp_path / "nope.onnx", "--scope", "x"), "no such file")
     assert_one_line_error(cli("apply", artifacts_dir("blocks10"), "-o", tmp_path / "x"), "nothing selected")
     assert_one_line_error(cli("scopes", artifacts_dir("blocks10"), "--dim", "batch"), "--dim takes name=value", code=2)
+
+
+def test_apply_measure_prints_the_before_after_table(cli, tmp_path):
+    proc = cli("apply", artifacts_dir("fc5"), "--scope", "FCBlock", "-o", tmp_path / "out", "--measure",
+               "--json", tmp_path / "s.json")
+    assert proc.returncode == 0, proc.stderr
+    assert "planned peak" in proc.stdout and "PASSED" in proc.stdout
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert data["measure"]["equal"] is True
+    assert data["measure"]["ratios"]["planned_peak_bytes"] < 0.7

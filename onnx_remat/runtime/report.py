@@ -212,8 +212,9 @@ def verdict(c: Comparison) -> Text:
     return Text(f"FAILED: {bad} of {n} outputs not {how}{worst}", style="bold red")
 
 
-def render_comparison(c: Comparison) -> Group:
-    """Everything about a comparison, verdict last."""
+def render_comparison(c: Comparison, *, with_verdict: bool = True) -> Group:
+    """Everything about a comparison, verdict last (print that one with ``soft_wrap=True``, see
+    :func:`print_comparison`, so a narrow terminal does not break the PASSED/FAILED line)."""
     parts: list = [comparison_table(c)]
     for tag, m in (("A", c.a), ("B", c.b)):
         rt = rewrite_table(m.rewrite)
@@ -225,8 +226,15 @@ def render_comparison(c: Comparison) -> Group:
     dt = differences_table(c)
     if dt is not None:
         parts.append(dt)
-    parts.append(verdict(c))
+    if with_verdict:
+        parts.append(verdict(c))
     return Group(*parts)
+
+
+def print_comparison(console: Console, c: Comparison) -> None:
+    """Print a comparison with its PASSED/FAILED verdict on one unwrapped last line."""
+    console.print(render_comparison(c, with_verdict=False))
+    console.print(verdict(c), soft_wrap=True)
 
 
 @contextmanager
