@@ -51,7 +51,8 @@ def test_module_trains_the_rewritten_artifacts_identically(cli, tmp_path):
     results = []
     for name, d in (("before", artifacts_dir("blocks10")), ("after", out)):
         target = tmp_path / f"{name}.npy"
-        subprocess.run([sys.executable, "-c", _MODULE_STEP, str(d), str(target)], check=True, capture_output=True)
+        proc = subprocess.run([sys.executable, "-c", _MODULE_STEP, str(d), str(target)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-3000:]
         import numpy as np
 
         results.append(np.load(target))
