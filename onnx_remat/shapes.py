@@ -133,6 +133,28 @@ class TensorSizes:
             return None
         return int(np.prod(shape, dtype=np.int64)) * itemsize
 
+    # -- hooks for the memory estimator (onnx_remat.estimate); they leave the lookups above as they are --
+
+    def copy(self) -> TensorSizes:
+        """An independent copy: value infos added to it leave this one unchanged."""
+        new = TensorSizes.__new__(TensorSizes)
+        new.dims = dict(self.dims)
+        new._info = dict(self._info)
+        new.inference_error = self.inference_error
+        return new
+
+    def declared(self, name: str) -> bool:
+        """True when the shape of ``name`` is known from the model, shape inference or added value
+        infos (what onnxruntime's own inference knows too); False when it is unknown or only the
+        ``<tensor>_grad`` naming rule gives it."""
+        info = self._info.get(name)
+        return info is not None and info[1] is not None
+
+    def raw_dims(self, name: str) -> tuple[Dim, ...] | None:
+        """The shape as declared, symbolic dimensions left as their names (None if the rank is unknown)."""
+        info = self._lookup(name)
+        return None if info is None else info[1]
+
     def unbound_symbols(self, names: Iterable[str]) -> set[str]:
         """The symbolic dimensions (without a value in ``dims``) that the given tensors use."""
         symbols: set[str] = set()

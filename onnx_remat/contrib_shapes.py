@@ -1,0 +1,299 @@
+"""Analysis pass: output shapes of onnxruntime's contrib and gradient ops, and of what follows them.
+
+Input: an ``onnx.ModelProto`` and its :class:`~onnx_remat.shapes.TensorSizes`. Output: the
+TensorSizes gains a value info for every node output whose shape this pass can infer
+(:func:`infer_runtime_shapes` returns how many and which stayed unknown).
+
+onnx's shape inference stops at ops it has no schema for (``com.microsoft::FusedMatMul``,
+``SoftmaxGrad_13``, ``BatchNormInternal``'s saved statistics, ``DropoutGrad``, ``PassThrough``
+...), and so misses every standard op downstream of them too. onnxruntime infers those with its
+own schemas, and its allocation planner only plans tensors whose shapes it knows, so the memory
+estimate needs the same knowledge. This pass walks the graph once in topological order: contrib
+ops get the rules below (what onnxruntime's schemas infer), standard ops whose inputs are now known
+go through onnx's per-node inference. Only shapes known this way count as known to onnxruntime
+(:meth:`TensorSizes.declared`); the ``<tensor>_grad`` naming rule of TensorSizes is a fallback
+for sizes onnxruntime learns only at run time.
+
+Linear in nodes + edges, no recursion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from .shapes import Dim, TensorSizes
+
+MS = "com.microsoft"
+Shape = tuple[Dim, ...]
+# A rule gets (input shapes, input element types, attributes) and returns per output
+# (element type, shape) or None where it cannot tell.
+Rule = Callable[[list[Shape | None], list[int | None], dict], list[tuple[int | None, Shape | None] | None]]
+
+_BOOL = TensorProto.BOOL
+
+
+def _same_as(i: int, n_out: int = 1) -> Rule:
+    def rule(shapes, types, attrs):
+        return [(types[i] if i < len(types) else None, shapes[i] if i < len(shapes) else None)] * n_out
+
+    return rule
+
+
+def _broadcast(a: Shape, b: Shape) -> Shape | None:
+    out: list[Dim] = []
+    for x, y in zip(reversed((1,) * (len(b) - len(a)) + tuple(a)), reversed((1,) * (len(a) - len(b)) + tuple(b))):
+        if x == 1:
+            out.append(y)
+        elif y == 1 or x == y:
+            out.append(x)
+        else:
+            return None
+    return tuple(reversed(out))
+
+
+def _fused_matmul(shapes, types, attrs):
+    a, b = shapes[0], shapes[1]
+    if a is None or b is None or len(a) < 1 or len(b) < 1:
+        return [None]
+    a, b = list(a), list(b)
+    if attrs.get("transBatchA", 0) and len(a) >= 3:
+        a = a[1:-1] + [a[0], a[-1]]
+    if attrs.get("transBatchB", 0) and len(b) >= 3:
+        b = b[1:-1] + [b[0], b[-1]]
+    if len(a) >= 2 and attrs.get("transA", 0):
+        a[-1], a[-2] = a[-2], a[-1]
+    if len(b) >= 2 and attrs.get("transB", 0):
+        b[-1], b[-2] = b[-2], b[-1]
+    squeeze_a, squeeze_b = len(a) == 1, len(b) == 1
+    if squeeze_a:
+        a = [1] + a
+    if squeeze_b:
+        b = b + [1]
+    batch = _broadcast(tuple(a[:-2]), tuple(b[:-2]))
+    if batch is None:
+        return [None]
+    out = list(batch) + ([] if squeeze_a else [a[-2]]) + ([] if squeeze_b else [b[-1]])
+    return [(types[0], tuple(out))]
+
+
+def _batchnorm_internal(shapes, types, attrs):
+    x, scale, mean = shapes[0], shapes[1], shapes[3] if len(shapes) > 3 else None
+    stat = scale if scale is not None else mean
+    return [(types[0], x), (types[3] if len(types) > 3 else types[0], mean or stat),
+            (types[4] if len(types) > 4 else types[0], mean or stat), (types[1], stat), (types[1], stat)]
+
+
+
+
+
+def _accumulator_v2(shapes, types, attrs):
+    return [(_BOOL, ()), (types[0], shapes[0])]
+
+
+def _passthrough(shapes, types, attrs):
+    return list(zip(types, shapes))
+
+
+def _record_event(shapes, types, attrs):
+    return list(zip(types[1:], shapes[1:]))
+
+
+def _layernorm(shapes, types, attrs):
+    x = shapes[0]
+    if x is None:
+        return [None]
+    axis = attrs.get("axis", -1)
+    axis = axis + len(x) if axis < 0 else axis
+    stat = tuple(x[:axis]) + (1,) * (len(x) - axis)
+    stat_type = attrs.get("stash_type", TensorProto.FLOAT)
+    return [(types[0], x), (stat_type, stat), (stat_type, stat)]
+
+
+def _bias_dropout(shapes, types, attrs):
+    return [(types[0], shapes[0]), (_BOOL, shapes[0])]
+
+
+def _sce_internal(shapes, types, attrs):
+    logits = shapes[0]
+    reduction = attrs.get("reduction", b"mean")
+    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
+    loss = (logits[0],) + tuple(logits[2:]) if (logits is not None and reduction == "none") else ()
+    return [(types[0], loss if logits is not None else None), (types[0], logits)]
+
+
+RULES: dict[str, Rule] = {
+    "FusedMatMul": _fused_matmul,
+    "TransposeScaleMatMul": _fused_matmul,
+    "BatchNormInternal": _batchnorm_internal,
+    "InPlaceAccumulatorV2": _accumulator_v2,
+    "InPlaceAccumulator": _same_as(0),
+    "ZeroGradient": _same_as(0),
+    "PassThrough": _passthrough,
+    "RecordEvent": _record_event,
+    "WaitEvent": _record_event,
+    "LayerNormalization": _layernorm,
+    "SimplifiedLayerNormalization": _layernorm,
+    "BiasDropout": _bias_dropout,
+    "BitmaskDropout": _bias_dropout,
+    "SoftmaxCrossEntropyLossInternal": _sce_internal,
+    "SoftmaxCrossEntropyLossGrad": _same_as(1),
+    "SoftmaxCrossEntropyLossInternalGrad": _same_as(1),
+    "SoftmaxCrossEntropyGrad": _same_as(1),
+    "SparseSoftmaxCrossEntropyGrad": _same_as(1),
+}
+# Element-wise ops and gradients whose output 0 has the shape of input 0 (dY or X).
+for _op in (
+    "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasSoftmax", "DropoutGrad", "BiasDropoutGrad",
+    "ReluGrad", "SigmoidGrad", "TanhGrad", "QuickGeluGrad", "GeluGrad", "FastGeluGrad", "BiasGeluGrad_dX",
+    "BiasFastGeluGrad_dX", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13",
+    "LeakyReluGrad", "SinGrad", "ReciprocalGrad", "SqrtGrad", "BitmaskDropoutGrad",
+):
+    RULES.setdefault(_op, _same_as(0))
+
+
+@dataclass
+class RuntimeShapeReport:
+    """What :func:`infer_runtime_shapes` added."""
+
+    added: int = 0
+    by_rule: int = 0
+    by_onnx: int = 0
+    unknown: list[str] = field(default_factory=list)  # node outputs whose shape stays unknown
+
+
+def _type_proto(elem_type: int, dims: Sequence[Dim]) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(elem_type, [d if isinstance(d, (int, str)) else None for d in dims])
+
+
+def _attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _topological(nodes: Sequence[onnx.NodeProto]) -> list[int]:
+    """Indices of ``nodes`` in a topological order (the given order where valid; Kahn, linear)."""
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        for o in n.output:
+            if o:
+                producer[o] = i
+    waiting = [0] * len(nodes)
+    dependents: list[list[int]] = [[] for _ in nodes]
+    for i, n in enumerate(nodes):
+        deps = {producer[t] for t in n.input if t in producer}
+        deps.discard(i)
+        waiting[i] = len(deps)
+        for d in deps:
+            dependents[d].append(i)
+    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
+    ready.reverse()
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in reversed(dependents[i]):
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+    return order
+
+
+def infer_runtime_shapes(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 1024) -> RuntimeShapeReport:
+    """Infer the shapes onnxruntime would know and add them to ``sizes`` (see the module docstring)."""
+    graph = model.graph
+    opsets = {op.domain or "": op.version for op in model.opset_import}
+    default_opset = opsets.get("", opsets.get("ai.onnx", 17))
+    constants: dict[str, TensorProto] = {}
+    for init in graph.initializer:
+        if int(np.prod(init.dims, dtype=np.int64)) <= max_constant_elements:
+            constants[init.name] = init
+    nodes = list(graph.node)
+    for n in nodes:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output:
+            for a in n.attribute:
+                if a.name == "value" and a.type == onnx.AttributeProto.TENSOR:
+                    t = TensorProto()
+                    t.CopyFrom(a.t)
+                    t.name = n.output[0]
+                    constants[t.name] = t
+    report = RuntimeShapeReport()
+    new_infos: list[onnx.ValueInfoProto] = []
+    schema_cache: dict[tuple[str, str], onnx.defs.OpSchema | None] = {}
+
+    def known(name: str) -> tuple[int | None, Shape | None]:
+        if not name or not sizes.declared(name):
+            return (sizes.elem_type(name) if name else None), None
+        return sizes.elem_type(name), sizes.raw_dims(name)
+
+    def add(name: str, elem_type: int | None, dims: Shape | None) -> bool:
+        if not name or dims is None or not elem_type:
+            return False
+        vi = helper.make_value_info(name, _type_proto(elem_type, dims))
+        new_infos.append(vi)
+        sizes.add_value_infos([vi])
+        report.added += 1
+        return True
+
+    for i in _topological(nodes):
+        node = nodes[i]
+        outs = [o for o in node.output if o]
+        if not outs or all(sizes.declared(o) for o in outs):
+            continue
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        if domain == MS and node.op_type in RULES:
+            types, shapes = zip(*(known(t) for t in node.input)) if node.input else ((), ())
+            try:
+                results = RULES[node.op_type](list(shapes), list(types), _attrs(node))
+            except (IndexError, KeyError, TypeError, ValueError):
+                results = []
+            for o, r in zip(node.output, results):
+                if r is not None and o and not sizes.declared(o) and add(o, r[0], r[1]):
+                    report.by_rule += 1
+        elif domain == "" and node.op_type != "Constant":
+            key = (domain, node.op_type)
+            if key not in schema_cache:
+                try:
+                    schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)
+                except onnx.defs.SchemaError:
+                    schema_cache[key] = None
+            schema = schema_cache[key]
+            input_types: dict[str, onnx.TypeProto] = {}
+            complete = schema is not None
+            for t in node.input:
+                if not t:
+                    continue
+                et, dims = known(t)
+                if not et:
+                    complete = False
+                    break
+                input_types[t] = _type_proto(et, dims) if dims is not None else helper.make_tensor_type_proto(et, None)
+            if complete:
+                data = {t: constants[t] for t in node.input if t in constants}
+                try:
+                    inferred = onnx.shape_inference.infer_node_outputs(
+                        schema, node, input_types, data,
+                        opset_imports=[helper.make_opsetid("", default_opset)],
+                    )
+                except Exception:  # inference failing is a lack of information, not an error
+                    inferred = {}
+                for o, tp in inferred.items():
+                    if sizes.declared(o) or not tp.HasField("tensor_type"):
+                        continue
+                    tt = tp.tensor_type
+                    if not tt.HasField("shape"):
+                        continue
+                    dims = tuple(
+                        int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+                    )
+                    if any(d is None for d in dims):
+                        continue
+                    if add(o, tt.elem_type or sizes.elem_type(o), dims):
+                        report.by_onnx += 1
+        for o in outs:
+            if not sizes.declared(o):
+                report.unknown.append(o)
+    return report

@@ -1,0 +1,127 @@
+"""The order in which onnxruntime 1.19 runs a graph's nodes, computed without running it.
+
+Input: nodes identified by their onnxruntime *node index* (the position in the node list when the
+model was loaded; nodes the graph optimizer adds get the next free index) and, per node, the
+indices of the nodes that produce its inputs. Output: the node indices in execution order.
+
+* :func:`default_order` is ``ExecutionOrder::DEFAULT`` (``GraphViewer`` in
+  ``core/graph/graph_viewer.cc`` and ``Graph::ReverseDFSFrom`` in ``core/graph/graph.cc``): the
+  leaves (nodes no other node reads from) are pushed on a stack in index order, and a depth-first
+  walk from the top of the stack emits each node after all its producers, visiting the producer
+  with the *highest* index first. So the last leaf in the node list and its whole upstream cone
+  run first; a node inserted right before its first consumer runs just in time, and one appended
+  at the end of the list runs as soon as its inputs exist.
+* :func:`priority_order` is ``ExecutionOrder::PRIORITY_BASED`` (``KahnsTopologicalSort`` with
+  ``PriorityNodeCompare``): ready nodes run lowest index first, ``Shape`` and ``Size`` before all.
+* :func:`order_from_names` maps an execution order observed at run time (node names from a
+  profile) back onto a graph, placing nodes the profile does not name just before their first
+  consumer.
+
+All three are iterative, O((nodes + edges) log nodes).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+
+HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
+
+
+def default_order(indices: Sequence[int], producers: dict[int, Sequence[int]], has_consumer: set[int]) -> list[int]:
+    """onnxruntime's DEFAULT execution order.
+
+    ``indices``: the live node indices, ascending; ``producers[i]``: indices of the nodes whose
+    outputs node ``i`` reads; ``has_consumer``: the nodes some other node reads from.
+    """
+    size = (max(indices) + 1) if indices else 0
+    visited = bytearray(size)
+    stack: list[int] = [i for i in indices if i not in has_consumer]  # ~i marks "leave"
+    order: list[int] = []
+    push = stack.append
+    pop = stack.pop
+    while stack:
+        node = pop()
+        if node < 0:
+            order.append(~node)
+            continue
+        if visited[node]:
+            continue
+        visited[node] = 1
+        push(~node)
+        ps = producers.get(node)
+        if ps:
+            if len(ps) > 1:
+                ps = sorted(set(ps))
+            for p in ps:
+                if not visited[p]:
+                    push(p)
+    return order
+
+
+def priority_order(indices: Sequence[int], producers: dict[int, Sequence[int]], ops: dict[int, str]) -> list[int]:
+    """onnxruntime's PRIORITY_BASED execution order (all node priorities 0, all nodes forward)."""
+    consumers: dict[int, list[int]] = {i: [] for i in indices}
+    in_degree: dict[int, int] = {}
+    for i in indices:
+        ps = producers.get(i, ())
+        in_degree[i] = len(ps)  # one per input edge, as Node::GetInputEdgesCount counts
+        for p in ps:
+            consumers[p].append(i)
+    ready = [(0 if ops.get(i) in HIGH_PRIORITY_OPS else 1, i) for i in indices if in_degree[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        for c in consumers[node]:
+            in_degree[c] -= 1
+            if in_degree[c] == 0:
+                heapq.heappush(ready, (0 if ops.get(c) in HIGH_PRIORITY_OPS else 1, c))
+    return order
+
+
+def order_from_names(
+    indices: Sequence[int],
+    producers: dict[int, Sequence[int]],
+    names: dict[int, str],
+    observed: Sequence[str],
+) -> tuple[list[int], int]:
+    """A topological order that follows ``observed`` (node names in the order they ran).
+
+    Nodes named in ``observed`` keep their relative order where the graph allows it; the others
+    run just before their first consumer (or at the end). Returns the order and how many nodes
+    were matched by name.
+    """
+    rank: dict[str, int] = {}
+    for pos, name in enumerate(observed):
+        rank.setdefault(name, pos)
+    consumers: dict[int, list[int]] = {i: [] for i in indices}
+    for i in indices:
+        for p in set(producers.get(i, ())):
+            consumers[p].append(i)
+    # Key of a node: its observed position, or (for unmatched nodes) just below the smallest key
+    # among its consumers: computed consumers-first over a reverse topological walk.
+    topo = priority_order(indices, producers, {})
+    big = float(len(observed) + len(indices) + 1)
+    key: dict[int, float] = {}
+    matched = 0
+    for node in reversed(topo):
+        if names.get(node) in rank:
+            key[node] = float(rank[names[node]])
+            matched += 1
+        else:
+            below = [key[c] for c in consumers[node]]
+            key[node] = (min(below) - 0.5) if below else big
+    in_degree = {i: len(set(producers.get(i, ()))) for i in indices}
+    ready = [(key[i], i) for i in indices if in_degree[i] == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        for c in consumers[node]:
+            in_degree[c] -= 1
+            if in_degree[c] == 0:
+                heapq.heappush(ready, (key[c], c))
+    return order, matched

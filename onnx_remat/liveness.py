@@ -1,0 +1,319 @@
+"""Analysis pass: onnxruntime's activation memory plan for one training step, simulated.
+
+Input: a :class:`~onnx_remat.ort_optimizer.RuntimeGraph` (the graph onnxruntime runs) and an
+execution order of its nodes. Output: a :class:`MemoryPlan`: for every step the bytes of
+activations alive and the size of the planned block so far, the planned peak, and for every
+tensor where it lives.
+
+It follows onnxruntime 1.19 (``core/framework/allocation_planner.cc``, ``mem_pattern_planner.h``,
+``session_state.cc`` ``GeneratePatternGroupCache``), for one CPU stream:
+
+1. *Reuse plan.* Walking the order, each output of a node gets, in this order of preference:
+   nothing if it is a graph output (the caller's buffer); its input's buffer if the kernel
+   aliases them (Reshape, Identity, PassThrough, ... see :mod:`onnx_remat.ort_kernels`) or may
+   work in place on an input this node reads last with the same static shape; the buffer of a
+   tensor freed earlier with exactly the same static shape and element size (most recently freed
+   first); else a new buffer. Use counts decide when a buffer is free: it is free after its last
+   reader, or right after its producer when nothing reads it.
+2. *Release plan.* A buffer is released after the last node (in the order) that reads any tensor
+   sharing it. A buffer nobody reads is never released within the step.
+3. *Memory pattern.* Buffers whose size is statically known (shapes onnxruntime infers; see
+   :mod:`onnx_remat.contrib_shapes`) are placed in one block: each allocation, rounded up to 256
+   bytes, goes into the free gap that wastes least (lowest offset on ties), or at the end of the
+   highest live block, extending the block. The block's final size is the *planned peak*: what
+   onnxruntime allocates in one piece at the start of a step (``measure``'s planned_peak_bytes).
+   Tensors of unknown static size are allocated separately at run time; they are reported, with
+   their size where the ``_grad`` naming rule gives one, but are not part of the block.
+
+Every step is O(log n) amortized (sorted gap list, per-shape free lists), no recursion.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .ort_kernels import alias_input, inplace_inputs
+from .ort_optimizer import RuntimeGraph
+from .shapes import dtype_size
+
+ALIGNMENT = 256
+
+
+def align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+@dataclass
+class TensorPlan:
+    """Where one tensor lives: its own buffer (``kind`` 'allocate'), another's ('reuse', 'alias',
+    'inplace'), the caller's ('input', 'output', 'initializer')."""
+
+    name: str
+    kind: str
+    buffer: str  # the tensor that owns the buffer
+    nbytes: int | None  # bytes of the tensor (None: unknown)
+    planned: bool = False  # placed in the planned block
+    alloc_step: int | None = None
+    release_step: int | None = None  # None: lives to the end of the step
+    offset: int | None = None
+
+
+@dataclass
+class MemoryPlan:
+    """The simulated plan. Steps index ``order``."""
+
+    order: list[int]  # node indices
+    live_bytes: list[int]  # planned bytes alive after each step's allocations
+    block_bytes: list[int]  # size of the planned block after each step
+    dynamic_bytes: list[int]  # bytes of known size allocated outside the block, alive at each step
+    tensors: dict[str, TensorPlan]
+    planned_peak_bytes: int
+    peak_live_bytes: int
+    peak_live_step: int
+    block_peak_step: int  # the step whose allocation gave the block its final size
+    unknown: list[str] = field(default_factory=list)  # allocated tensors of unknown size
+    dynamic: list[str] = field(default_factory=list)  # allocated outside the block (size from naming)
+
+    def live_at(self, step: int) -> list[TensorPlan]:
+        """Planned buffers alive at ``step`` (after its allocations, before its releases), largest
+        first. A buffer is named by the tensor it holds at that step (the latest tensor written
+        into it: a reused buffer holds its last reuser)."""
+        holders: dict[str, tuple[int, TensorPlan]] = {}
+        for t in self.tensors.values():
+            if t.alloc_step is not None and t.alloc_step <= step and t.kind in ("allocate", "reuse", "inplace"):
+                held = holders.get(t.buffer)
+                if held is None or t.alloc_step >= held[0]:
+                    holders[t.buffer] = (t.alloc_step, t)
+        out = []
+        for t in self.tensors.values():
+            if (t.planned and t.kind == "allocate" and t.alloc_step is not None and t.alloc_step <= step
+                    and (t.release_step is None or t.release_step >= step)):
+                out.append((t, holders.get(t.name, (0, t))[1]))
+        out.sort(key=lambda pair: -(pair[0].nbytes or 0))
+        return [holder if holder.nbytes is not None else buf for buf, holder in out]
+
+
+class _Block:
+    """onnxruntime's MemPatternPlanner: best-fit placement in one growing block."""
+
+    def __init__(self) -> None:
+        self.offsets: list[int] = []  # live block offsets, sorted
+        self.size_at: dict[int, int] = {}
+        self.gaps: list[tuple[int, int]] = []  # (size, offset) of free gaps below the highest block
+        self.buffer_size = 0
+        self.live = 0
+
+    def _end(self) -> int:
+        if not self.offsets:
+            return 0
+        o = self.offsets[-1]
+        return o + self.size_at[o]
+
+    def allocate(self, size: int) -> int:
+        end = self._end()
+        k = bisect.bisect_left(self.gaps, (size, -1))
+        best = None
+        if k < len(self.gaps):
+            best = self.gaps[k]
+        tail = self.buffer_size - end
+        if best is not None and not (tail >= size and tail - size < best[0] - size):
+            gap_size, offset = self.gaps.pop(k)
+            if gap_size > size:
+                bisect.insort(self.gaps, (gap_size - size, offset + size))
+        else:
+            offset = end
+        bisect.insort(self.offsets, offset)
+        self.size_at[offset] = size
+        self.buffer_size = max(self.buffer_size, offset + size)
+        self.live += size
+        return offset
+
+    def free(self, offset: int) -> None:
+        size = self.size_at.pop(offset)
+        self.live -= size
+        i = bisect.bisect_left(self.offsets, offset)
+        del self.offsets[i]
+        prev_end = 0
+        if i > 0:
+            p = self.offsets[i - 1]
+            prev_end = p + self.size_at[p]
+        if prev_end < offset:
+            self._drop_gap(offset - prev_end, prev_end)
+        if i < len(self.offsets):
+            nxt = self.offsets[i]
+            if nxt > offset + size:
+                self._drop_gap(nxt - offset - size, offset + size)
+            bisect.insort(self.gaps, (nxt - prev_end, prev_end))
+
+    def _drop_gap(self, size: int, offset: int) -> None:
+        k = bisect.bisect_left(self.gaps, (size, offset))
+        if k < len(self.gaps) and self.gaps[k] == (size, offset):
+            del self.gaps[k]
+
+
+def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
+    """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``."""
+    sizes = rg.sizes
+    nodes = [rg.nodes[i] for i in order]
+    graph_inputs = set(rg.graph_inputs)
+    graph_outputs = set(rg.graph_outputs)
+
+    # -- use counts (ComputeReuseCount) --
+    use: dict[str, int] = {}
+    for t in graph_inputs:
+        use[t] = use.get(t, 0) + 1
+    for t in rg.initializers:
+        use[t] = use.get(t, 0) + 1
+    for n in nodes:
+        for t in n.inputs:
+            if t:
+                use[t] = use.get(t, 0) + 1
+        for t in n.outputs:
+            if t:
+                use[t] = use.get(t, 0) + 1
+    for t in graph_outputs:
+        use[t] = use.get(t, 0) + 1
+
+    tensors: dict[str, TensorPlan] = {}
+    for t in graph_inputs:
+        tensors[t] = TensorPlan(t, "input", t, sizes.nbytes(t))
+    for t in rg.initializers:
+        if t not in tensors:
+            tensors[t] = TensorPlan(t, "initializer", t, sizes.nbytes(t))
+
+    def buffer_of(t: str) -> str:
+        p = tensors.get(t)
+        return p.buffer if p is not None else t
+
+    def shape_key(t: str):
+        if not sizes.declared(t):
+            return None
+        dims = sizes.raw_dims(t)
+        et = sizes.elem_type(t)
+        if dims is None or not et:
+            return None
+        return (dtype_size(et), tuple(dims))
+
+    free_by_shape: dict[tuple, list[tuple[int, str]]] = {}
+    free_seq = 0
+
+    def push_free(buf: str) -> None:
+        nonlocal free_seq
+        free_seq += 1
+        key = shape_key(buf)
+        if key is not None and len(key[1]) > 0:
+            free_by_shape.setdefault(key, []).append((free_seq, buf))
+
+    # -- reuse plan (ComputeSingleStreamReusePlan) --
+    for step, n in enumerate(nodes):
+        for k, o in enumerate(n.outputs):
+            if not o:
+                continue
+            if o in graph_outputs:
+                tensors[o] = TensorPlan(o, "output", o, sizes.nbytes(o), alloc_step=step)
+                continue
+            src = None
+            a = alias_input(n.domain, n.op, k, len(n.inputs))
+            if a is not None and n.inputs[a]:
+                src, kind = n.inputs[a], "alias"
+            else:
+                for a in inplace_inputs(n.domain, n.op, k, len(n.inputs)):
+                    x = n.inputs[a]
+                    if x and use.get(buffer_of(x), 0) == 1 and shape_key(x) is not None and shape_key(x) == shape_key(o):
+                        src, kind = x, "inplace"
+                        break
+            if src is None:
+                key = shape_key(o)
+                stack = free_by_shape.get(key) if key is not None and len(key[1]) > 0 else None
+                if stack:  # the most recently freed buffer of this exact shape
+                    src, kind = stack.pop()[1], "reuse"
+            if src is not None:
+                buf = buffer_of(src)
+                tensors[o] = TensorPlan(o, kind, buf, sizes.nbytes(o), alloc_step=step)
+                use[buf] = use.get(buf, 0) + use.get(o, 0)
+            else:
+                tensors[o] = TensorPlan(o, "allocate", o, sizes.nbytes(o), alloc_step=step)
+        for t in n.inputs:
+            if t:
+                buf = buffer_of(t)
+                use[buf] = use.get(buf, 0) - 1
+                if use[buf] == 0:
+                    push_free(buf)
+        for t in n.outputs:
+            if t:
+                buf = buffer_of(t)
+                use[buf] = use.get(buf, 0) - 1
+                if use[buf] == 0:
+                    push_free(buf)
+
+    # -- release plan (GenerateDeallocationPlan): last reader of any tensor sharing the buffer --
+    release_at: dict[int, list[str]] = {}
+    last_reader: dict[str, int] = {}
+    for step, n in enumerate(nodes):
+        for t in n.inputs:
+            if t:
+                buf = buffer_of(t)
+                p = tensors.get(buf)
+                if p is not None and p.kind == "allocate":
+                    last_reader[buf] = step
+    for buf, step in last_reader.items():
+        tensors[buf].release_step = step
+        release_at.setdefault(step, []).append(buf)
+
+    # -- memory pattern (MemPatternPlanner with program counters) --
+    block = _Block()
+    live_bytes: list[int] = []
+    block_bytes: list[int] = []
+    dynamic_bytes: list[int] = []
+    unknown: list[str] = []
+    dynamic: list[str] = []
+    dyn_live = 0
+    dyn_release: dict[int, int] = {}
+    peak_live = -1
+    peak_live_step = 0
+    block_peak_step = 0
+    for step, n in enumerate(nodes):
+        for o in n.outputs:
+            p = tensors.get(o) if o else None
+            if p is None or p.kind != "allocate":
+                continue
+            if sizes.declared(o) and p.nbytes is not None and not sizes.unbound_symbols([o]):
+                if p.nbytes == 0:
+                    continue
+                before = block.buffer_size
+                p.offset = block.allocate(align(p.nbytes))
+                p.planned = True
+                if block.buffer_size > before:
+                    block_peak_step = step
+            elif p.nbytes is not None:
+                dynamic.append(o)
+                dyn_live += p.nbytes
+                if p.release_step is not None:
+                    dyn_release[p.release_step] = dyn_release.get(p.release_step, 0) + p.nbytes
+            else:
+                unknown.append(o)
+        live_bytes.append(block.live)
+        block_bytes.append(block.buffer_size)
+        dynamic_bytes.append(dyn_live)
+        if block.live > peak_live:
+            peak_live, peak_live_step = block.live, step
+        for buf in release_at.get(step, ()):
+            p = tensors[buf]
+            if p.planned and p.offset is not None:
+                block.free(p.offset)
+        dyn_live -= dyn_release.pop(step, 0)
+    return MemoryPlan(
+        order=list(order),
+        live_bytes=live_bytes,
+        block_bytes=block_bytes,
+        dynamic_bytes=dynamic_bytes,
+        tensors=tensors,
+        planned_peak_bytes=block.buffer_size,
+        peak_live_bytes=max(peak_live, 0),
+        peak_live_step=peak_live_step,
+        block_peak_step=block_peak_step,
+        unknown=unknown,
+        dynamic=dynamic,
+    )
