@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 import onnx_remat
-from onnx_remat.units import format_bytes
+from onnx_remat.units import format_bytes, format_ratio
 
 from .common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
 
@@ -27,9 +27,17 @@ from .common import console, dims_from, dims_option, json_option, model_argument
     help="Then run original and result with onnxruntime-training (as `compare`): peaks, step time, "
     "and whether loss and gradients are unchanged (exit 1 if not).",
 )
-@click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written.")
+@click.option(
+    "--estimate/--no-estimate",
+    default=True,
+    show_default=True,
+    help="Print the estimated planned peak before and after (static: nothing runs; ~0.3 ms per node).",
+)
+@click.option("--report", type=click.Path(path_type=Path), metavar="OUT.html", help="Also write the HTML report.")
+@click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written (no estimate).")
 @click.pass_context
-def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, output, force, json_out, measure, quiet):
+def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, output, force, json_out, measure,
+              estimate, report, quiet):
     """Recompute activations of MODEL in the backward pass instead of storing them.
 
     MODEL is a training graph (.onnx, with forward and gradient nodes) or an onnxruntime-training
@@ -50,10 +58,16 @@ def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, outp
         dims=dims_from(dims),
     )
     written = result.save(output, force=force)
+    summary = {**result.summary(), "output": str(written)}
     if not quiet:
         print_apply_summary(result)
+        if estimate:
+            summary["estimate"] = print_estimate(result)
     console.print(f"wrote {written}")
-    summary = {**result.summary(), "output": str(written)}
+    if report is not None:
+        from onnx_remat.report import write_report
+
+        console.print(f"wrote {write_report(result, report)}")
     if measure:
         from onnx_remat.runtime.compare import compare
         from onnx_remat.runtime.report import print_comparison, progress_display
@@ -67,6 +81,26 @@ def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, outp
         ctx.exit(1)
 
 
+def print_estimate(result) -> dict | None:
+    """Print the static estimate of the planned peak before/after; returns its JSON (None if unknown)."""
+    from onnx_remat.errors import RematError
+    from onnx_remat.estimate import estimate_from_apply
+
+    try:
+        est = estimate_from_apply(result)
+    except RematError as exc:
+        console.print(f"[dim]note:[/] no estimate: {exc}")
+        return None
+    before, after = est.before.planned_peak_bytes, est.after.planned_peak_bytes
+    console.print(
+        f"estimated planned peak (onnxruntime CPU, emulated, nothing run): {format_bytes(before)} -> "
+        f"{format_bytes(after)} ({format_ratio(after, before)}); `onnx-remat compare` measures it"
+    )
+    for note in est.notes:
+        console.print(f"[dim]note:[/] {note}")
+    return {"planned_peak_bytes_before": before, "planned_peak_bytes_after": after, "ratio": est.ratio}
+
+
 def print_apply_summary(result) -> None:
     """Per-segment table, skipped segments and notes of an :class:`onnx_remat.ApplyResult`."""
     counts = result.analysis.graph.counts()
@@ -78,9 +112,9 @@ def print_apply_summary(result) -> None:
     table = Table(show_edge=False, header_style="bold")
     table.add_column("segment")
     table.add_column("cloned", justify="right")
-    table.add_column("recomputed activations", justify="right")
-    table.add_column("stored bytes released", justify="right")
-    table.add_column("runs when the backward pass reaches")
+    table.add_column("recomputed", justify="right")
+    table.add_column("released", justify="right")
+    table.add_column("clones wait for (trigger)", overflow="fold")
     for seg in result.rewrite.segments:
         s = seg.segment
         released = format_bytes(s.released_bytes) + (f" (+{len(s.unknown_sizes)} unknown)" if s.unknown_sizes else "")

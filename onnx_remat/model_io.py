@@ -214,6 +214,9 @@ def write_artifacts(
     if not dst.parent.exists():
         raise RematError(f"{dst.parent}: output directory does not exist")
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; it becomes the output directory
     try:
         for item in src.iterdir():
             if item.name == TRAINING_MODEL or item.name.startswith(TRAINING_MODEL + "."):

@@ -82,6 +82,9 @@ def test_artifacts_directory_is_written_whole(tmp_path):
     result = apply(artifacts_dir("fc5"), scopes="FCBlock")
     out = result.save(tmp_path / "fc5_remat")
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # a normal directory, not mkdtemp's 0700
     for name in ("checkpoint", "eval_model.onnx", "optimizer_model.onnx"):
         assert (out / name).read_bytes() == (artifacts_dir("fc5") / name).read_bytes()
     with pytest.raises(RematError, match="already exists"):
