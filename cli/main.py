@@ -58,21 +58,22 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 def _register() -> None:
-    # Each subcommand lives in its own module; importing them here keeps `main` the single
-    # entry point that pyproject's console script names.
-    from . import apply as _apply
-    from . import scopes as _scopes
+    # One module per subcommand; importing them here keeps `main` the single entry point that
+    # pyproject's console script names. Heavy imports (onnxruntime, matplotlib) stay inside the
+    # commands, so `onnx-remat --help` is fast.
+    from . import apply, check, compare, estimate, measure, report, scopes, viz
 
-    main.add_command(_apply.apply_cmd)
-    main.add_command(_scopes.scopes_cmd)
-    for module_name in ("measure", "compare", "estimate", "viz", "report", "check"):
-        try:
-            module = __import__(f"{__package__}.{module_name}", fromlist=["command"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{module_name}":
-                raise
-            continue
-        main.add_command(module.command)
+    for command in (
+        scopes.scopes_cmd,
+        apply.apply_cmd,
+        estimate.command,
+        measure.command,
+        compare.command,
+        check.command,
+        viz.command,
+        report.command,
+    ):
+        main.add_command(command)
 
 
 _register()
