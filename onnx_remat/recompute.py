@@ -37,7 +37,7 @@ import onnx_graphsurgeon as gs
 from . import __version__, tags
 from .random_ops import is_replayable, replay_inputs
 from .selection import RecomputePlan, Segment
-from .training_graph import TrainingGraph, producer
+from .training_graph import TrainingGraph, producer, unique_tensors
 
 MS_DOMAIN = "com.microsoft"
 
@@ -156,7 +156,7 @@ class RecomputeRewrite:
                 by_id[id(n)] = n
         readers = sorted(by_id.values(), key=lambda n: tg.position[id(n)])
         for k, reader in enumerate(readers):
-            triggers = _unique([t for t in reader.inputs if _is_gradient(tg, t)])
+            triggers = unique_tensors([t for t in reader.inputs if _is_gradient(tg, t)])
             if not triggers:
                 continue
             moved: list[gs.Node] = []
@@ -342,11 +342,6 @@ def _emit(order: list[gs.Node], before: dict[int, list[gs.Node]], moved: set[int
     return out
 
 
-def _unique(tensors: list[gs.Tensor]) -> list[gs.Tensor]:
-    seen: dict[str, gs.Tensor] = {}
-    for t in tensors:
-        seen.setdefault(t.name, t)
-    return list(seen.values())
 
 
 def _unique_labels(labels: list[str]) -> list[str]:

@@ -35,7 +35,7 @@ from .errors import RematError
 from .scopes import ScopeTree
 from .random_ops import is_random, is_replayable
 from .shapes import TensorSizes
-from .training_graph import TrainingGraph, producer
+from .training_graph import TrainingGraph, producer, unique_tensors
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -337,7 +337,7 @@ class Planner:
             recompute=recompute,
             targets=list(targets),
             boundary=self._boundary(recompute),
-            kept=_unique(kept),
+            kept=unique_tensors(kept),
         )
 
     def _boundary(self, recompute: list[gs.Node]) -> list[gs.Tensor]:
@@ -382,9 +382,9 @@ class Planner:
                     kind=first.kind,
                     scopes=[p for s in group for p in s.scopes],
                     recompute=recompute,
-                    targets=_unique([t for s in group for t in s.targets]),
+                    targets=unique_tensors([t for s in group for t in s.targets]),
                     boundary=self._boundary(recompute),
-                    kept=_unique([t for s in group for t in s.kept]),
+                    kept=unique_tensors([t for s in group for t in s.kept]),
                     notes=[f"merged {', '.join(s.label for s in group)}: they recompute shared nodes"],
                 )
             )
@@ -403,7 +403,7 @@ class Planner:
                 for t in demoted:
                     notes.append(f"{t.name} stays stored: another segment reads it from storage")
                 seg.targets = [t for t in seg.targets if t.name not in needed]
-                seg.kept = _unique(seg.kept + demoted)
+                seg.kept = unique_tensors(seg.kept + demoted)
                 if seg.targets:
                     keep = {id(n) for n in seg.recompute}
                     rebuilt = self._segment(seg.label, seg.kind, seg.scopes, seg.targets, lambda n: id(n) in keep, seg.kept)
@@ -447,8 +447,3 @@ class Planner:
         return None
 
 
-def _unique(tensors: list[gs.Tensor]) -> list[gs.Tensor]:
-    seen: dict[str, gs.Tensor] = {}
-    for t in tensors:
-        seen.setdefault(t.name, t)
-    return list(seen.values())

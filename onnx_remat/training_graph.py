@@ -111,6 +111,14 @@ def producer(tensor: gs.Tensor) -> gs.Node | None:
     return tensor.inputs[0] if tensor.inputs else None
 
 
+def unique_tensors(tensors) -> list[gs.Tensor]:
+    """``tensors`` without repeats (by name), first occurrence kept, order kept."""
+    seen: dict[str, gs.Tensor] = {}
+    for t in tensors:
+        seen.setdefault(t.name, t)
+    return list(seen.values())
+
+
 def analyze(mg: ModelGraph) -> TrainingGraph:
     """Find loss, seed, parameters, forward and backward regions and stashed activations.
 
