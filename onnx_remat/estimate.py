@@ -297,7 +297,7 @@ def estimate_graph(
 def _scope_lookup(scope_of_tensor: dict[str, str], tensor: str) -> str | None:
     found = scope_of_tensor.get(tensor)
     if found is None and tensor.endswith(tags.CLONE_SUFFIX):
-        found = scope_of_tensor.get(tensor[: -len(tags.CLONE_SUFFIX)])
+        found = scope_of_tensor.get(tags.original_name(tensor))
     return found
 
 

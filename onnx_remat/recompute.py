@@ -125,8 +125,9 @@ class RecomputeRewrite:
         before: dict[int, list[gs.Node]] = {}
         moved: set[int] = set()
         done: list[RewrittenSegment] = []
+        copies: dict[int, int] = {}  # id(node) -> clones made so far (stages may clone a node again)
         for seg, label, sched in staged:
-            added, rewritten = self._rewrite_segment(tg, seg, label, sched.readers, sched.triggers, sched.insert_at)
+            added, rewritten = self._rewrite_segment(tg, seg, label, sched.readers, sched.triggers, sched.insert_at, copies)
             rewritten.notes.extend(sched.notes)
             late = [n for n in sched.moved if id(n) not in moved]
             moved.update(id(n) for n in late)
@@ -172,7 +173,7 @@ class RecomputeRewrite:
             return _Schedule(readers, [tg.seed], readers[0], [], [note])
         return _Schedule(readers, [], readers[0], [], ["no trigger found: clones may run early"])
 
-    def _rewrite_segment(self, tg, seg: Segment, label: str, readers, triggers, insert_at):
+    def _rewrite_segment(self, tg, seg: Segment, label: str, readers, triggers, insert_at, copies: dict[int, int]):
         gated: dict[str, gs.Tensor] = {}
         gate_order: list[gs.Tensor] = []
 
@@ -195,16 +196,19 @@ class RecomputeRewrite:
 
         clones: list[gs.Node] = []
         for index, node in enumerate(seg.recompute):
-            name = tags.clone_name(node.name, node.op, index)
+            copy = copies[id(node)] = copies.get(id(node), 0) + 1
+            name = tags.clone_name(node.name, node.op, index, copy)
             if self.replay_dropout and is_replayable(node):
                 inputs = [source(t) for t in replay_inputs(node, node.inputs[0])]
                 out = node.outputs[0]
-                outputs = [gs.Variable(tags.clone_tensor_name(out.name), dtype=out.dtype, shape=out.shape)]
+                outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
                 clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
                 what = f"replays Dropout {node.name} from its stored mask"
             else:
                 outputs = [
-                    gs.Variable(tags.clone_tensor_name(o.name), dtype=o.dtype, shape=o.shape) if o.name else gs.Variable.empty()
+                    gs.Variable(tags.clone_tensor_name(o.name, copy), dtype=o.dtype, shape=o.shape)
+                    if o.name
+                    else gs.Variable.empty()
                     for o in node.outputs
                 ]
                 clone = gs.Node(

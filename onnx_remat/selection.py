@@ -15,7 +15,9 @@ Semantics (following MindSpore and Paddle, see ../shared/seeds):
   stashed for the backward pass, a graph input or an initializer). Selections whose clones
   overlap form one segment.
 * ``recompute_outputs`` (``mindspore.recompute(..., output_recompute=True)``): when a matched scope
-  feeds another matched scope, its output is not stored either and the two become one segment.
+  feeds another matched scope, its output is not stored either and the two are merged. The merged
+  group is recomputed in stages, one per scope, each from the group's stored inputs when the
+  backward pass reaches that scope (:meth:`Planner._staged_group`).
 
 Never recomputed: random ops (their outputs stay stored; a ``Dropout`` *is* recomputed by
 re-applying its stored mask, which reproduces its output exactly, as Paddle's
@@ -26,6 +28,7 @@ bytes of boundary tensors it must keep alive longer) is skipped and reported.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 from dataclasses import dataclass, field
 
@@ -71,6 +74,7 @@ class Segment:
     extra_boundary_bytes: int = 0  # boundary bytes kept alive only because of recompute
     unknown_sizes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    group: str | None = None  # stages of one --recompute-outputs group share it
 
     def summary(self) -> dict:
         """JSON-ready description (used in the model's metadata and in reports)."""
@@ -86,6 +90,7 @@ class Segment:
             "released_bytes": self.released_bytes,
             "unknown_sizes": self.unknown_sizes,
             "notes": self.notes,
+            "group": self.group,
         }
 
 
@@ -216,26 +221,65 @@ class Planner:
             for i in range(len(scopes)):
                 by_root.setdefault(uf.find(i), []).append(i)
             groups = list(by_root.values())
-            for g in groups:
-                if len(g) > 1:
-                    notes.append(
-                        "--recompute-outputs merged adjacent scopes "
-                        + " + ".join(scopes[i].path for i in g)
-                        + " into one segment"
-                    )
         segments = []
         for g in groups:
             nodes = [n for i in g for n in members[i]]
             paths = [scopes[i].path for i in g]
             label = paths[0] if len(paths) == 1 else f"{paths[0]}..{paths[-1]}"
-            seg = self._scope_segment(label, paths, nodes)
-            if seg is None:
-                notes.append(f"scope {label}: no stored activation can be recomputed")
+            if len(g) == 1:
+                seg = self._scope_segment(label, paths, nodes)
+                staged = [seg] if seg is not None else []
             else:
-                segments.append(seg)
+                staged = self._staged_group(label, [scopes[i] for i in g], nodes, notes)
+            if not staged:
+                notes.append(f"scope {label}: no stored activation can be recomputed")
+            segments.extend(staged)
         return segments
 
-    def _scope_segment(self, label: str, paths: list[str], nodes: list[gs.Node]) -> Segment | None:
+    def _staged_group(self, label: str, scopes, nodes: list[gs.Node], notes: list[str]) -> list[Segment]:
+        """Merged scopes (``--recompute-outputs``): their outputs are not stored either.
+
+        The group is recomputed in *stages*, one per scope: each stage recomputes, when the backward
+        pass reaches it, the activations its backward readers need, starting from what the group
+        keeps stored (its inputs, dropout masks). A stage reaches back through the earlier scopes'
+        outputs, which are no longer stored, so those are recomputed once per stage: more compute
+        (up to n(n+1)/2 scope recomputes for a chain of n) for a peak that does not hold the whole
+        group's activations at once.
+        """
+        paths = [s.path for s in scopes]
+        candidates, targets, kept = self._scope_candidates(nodes)
+        if not targets:
+            return []
+        # Scopes in forward order; a target joins the stage of the latest scope that reads it in
+        # the forward pass (its producer's, or the next scope's for a scope output): the backward
+        # pass reaches that scope first.
+        # (Ordered by each scope's last node: parameter-only nodes may be scheduled first.)
+        last_node = {s.path: max(self.tg.position[id(n)] for n in s.all_nodes()) for s in scopes}
+        paths = sorted(paths, key=last_node.get)
+        rank = {p: i for i, p in enumerate(paths)}
+        owner = {id(n): s.path for s in scopes for n in s.all_nodes()}
+        assigned: dict[str, list[gs.Tensor]] = {p: [] for p in paths}
+        for t in targets:
+            readers = [rank[owner[id(c)]] for c in t.outputs if self.tg.is_forward(c) and id(c) in owner]
+            assigned[paths[max([rank[owner[id(producer(t))]]] + readers)]].append(t)
+        stage_paths = [p for p in paths if assigned[p]]
+        stages = []
+        for path in stage_paths:
+            seg = self._segment(path, "scope", [path], assigned[path], lambda n: id(n) in candidates, kept)
+            if seg is not None:
+                seg.group = label
+                stages.append(seg)
+        scope_nodes = sum(len(s.recompute) for s in stages)
+        group_nodes = len(candidates)
+        notes.append(
+            f"--recompute-outputs merged {' + '.join(paths)} ({label}): their outputs are not stored; "
+            f"{len(stages)} stages each recompute from the group's stored inputs when the backward pass "
+            f"reaches them ({scope_nodes} nodes cloned for {group_nodes} recomputable nodes)"
+        )
+        return stages
+
+    def _scope_candidates(self, nodes: list[gs.Node]):
+        """(candidate node ids, targets, kept) of a scope or merged scopes: see the module docstring."""
         inside = {id(n) for n in nodes}
         output_nodes = set()
         for n in nodes:
@@ -256,6 +300,10 @@ class Planner:
         ]
         kept += [n.outputs[1] for n in nodes if id(n) in candidates and is_replayable(n)
                  and n.outputs[1].name in self._stashed]
+        return candidates, targets, kept
+
+    def _scope_segment(self, label: str, paths: list[str], nodes: list[gs.Node]) -> Segment | None:
+        candidates, targets, kept = self._scope_candidates(nodes)
         return self._segment(label, "scope", paths, targets, lambda n: id(n) in candidates, kept)
 
     def _node_segments(self, op_types: list[str], names: list[str], notes: list[str]) -> list[Segment]:
@@ -363,8 +411,8 @@ class Planner:
         for i, seg in enumerate(segments):
             for n in seg.recompute:
                 j = owner.setdefault(id(n), i)
-                if j != i:
-                    uf.union(i, j)
+                if j != i and not (seg.group is not None and seg.group == segments[j].group):
+                    uf.union(i, j)  # stages of one group clone the same nodes on purpose
         groups: dict[int, list[Segment]] = {}
         for i, seg in enumerate(segments):
             groups.setdefault(uf.find(i), []).append(seg)

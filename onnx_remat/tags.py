@@ -3,7 +3,9 @@
 Every node the recompute rewrite adds carries:
 
 * a name: clones are ``<original node name>/remat``, barriers ``remat_barrier/<segment>``;
-  their output tensors are ``<original tensor>/remat`` and ``<gated tensor>/remat_gate/<segment>``;
+  their output tensors are ``<original tensor>/remat`` and ``<gated tensor>/remat_gate/<segment>``.
+  A node cloned again for another segment (the stages of ``--recompute-outputs``) gets
+  ``<original>@<k>/remat`` for its k-th copy;
 * ``metadata_props``: ``onnx_remat.role`` (``clone`` or ``barrier``), ``onnx_remat.segment``
   (the segment label), and for clones ``onnx_remat.source`` (the original node's name);
 * a ``doc_string`` saying in words what it recomputes.
@@ -30,14 +32,27 @@ BARRIER_PREFIX = "remat_barrier/"
 GATE_INFIX = "/remat_gate/"
 
 
-def clone_name(original: str, op_type: str, index: int) -> str:
-    """Name of the clone of node ``original`` (unnamed nodes get ``<op_type>_<index>``)."""
-    return (original or f"{op_type}_{index}") + CLONE_SUFFIX
+def _copy(base: str, copy: int) -> str:
+    return base if copy == 1 else f"{base}@{copy}"
 
 
-def clone_tensor_name(original: str) -> str:
-    """Name of the recomputed copy of tensor ``original``."""
-    return original + CLONE_SUFFIX
+def clone_name(original: str, op_type: str, index: int, copy: int = 1) -> str:
+    """Name of the ``copy``-th clone of node ``original`` (unnamed nodes: ``<op_type>_<index>``)."""
+    return _copy(original or f"{op_type}_{index}", copy) + CLONE_SUFFIX
+
+
+def clone_tensor_name(original: str, copy: int = 1) -> str:
+    """Name of the ``copy``-th recomputed copy of tensor ``original``."""
+    return _copy(original, copy) + CLONE_SUFFIX
+
+
+def original_name(name: str) -> str:
+    """The node or tensor a clone name was made from (``name`` itself if it is no clone name)."""
+    if not name.endswith(CLONE_SUFFIX):
+        return name
+    base = name[: -len(CLONE_SUFFIX)]
+    head, sep, copy = base.rpartition("@")
+    return head if sep and copy.isdigit() else base
 
 
 def barrier_name(segment: str) -> str:

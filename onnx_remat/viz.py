@@ -221,7 +221,7 @@ def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run:
         if k == "forward":
             unit = fwd_unit_by_name.get(name)
         elif k == "clone":
-            unit = fwd_unit_by_name.get(name[: -len(tags.CLONE_SUFFIX)])
+            unit = fwd_unit_by_name.get(tags.original_name(name))
         elif k == "barrier":
             label = tags.segment_of_name(name) or ""
             unit = label if label in unit_scope or label in expanded_paths else None

@@ -67,16 +67,23 @@ def test_random_ops_are_never_recomputed(blocks10):
         assert any(t.name.endswith("Dropout_output_1") for t in seg.boundary)
 
 
-def test_recompute_outputs_merges_adjacent_scopes(blocks10):
+def test_recompute_outputs_stages_the_merged_scopes(blocks10):
     p = plan(blocks10, scopes="blocks.[0-1]", recompute_outputs=True)
-    assert [s.label for s in p.segments] == ["blocks.0..blocks.1"]
-    seg = p.segments[0]
-    # blocks.0's output node is recomputed now; blocks.1's stays stored.
-    assert "/blocks.0/MatMul_1" in [n.name for n in seg.recompute]
-    assert "/blocks.1/MatMul_1" not in [n.name for n in seg.recompute]
-    assert any("merged adjacent scopes blocks.0 + blocks.1" in n for n in p.notes)
+    # One group, recomputed in two stages: each when the backward pass reaches its scope.
+    assert [(s.label, s.group) for s in p.segments] == [("blocks.0", "blocks.0..blocks.1"), ("blocks.1", "blocks.0..blocks.1")]
+    first, second = p.segments
+    # blocks.0's output is not stored: blocks.1's stage recomputes it (and blocks.0 on the way),
+    # starting from the group's input x.
+    assert "/blocks.0/MatMul_1_output_0" in [t.name for t in second.targets]
+    assert "/blocks.0/MatMul_1" in [n.name for n in second.recompute]
+    assert "x" in [t.name for t in second.boundary]
+    assert "/blocks.0/MatMul_1_output_0" not in [t.name for t in second.boundary]
+    assert "/blocks.1/MatMul_1" not in [n.name for n in second.recompute]  # the group's output stays stored
+    assert all(n.name.startswith("/blocks.0/") for n in first.recompute)
+    assert any("--recompute-outputs merged blocks.0 + blocks.1" in n for n in p.notes)
     separate = plan(blocks10, scopes="blocks.[0-1]")
-    assert [s.label for s in separate.segments] == ["blocks.0", "blocks.1"]
+    assert [(s.label, s.group) for s in separate.segments] == [("blocks.0", None), ("blocks.1", None)]
+    assert "/blocks.0/MatMul_1" not in [n.name for s in separate.segments for n in s.recompute]
 
 
 def _small_from_big(tmp_path):
@@ -115,7 +122,9 @@ def test_segments_that_would_not_lower_memory_are_skipped(tmp_path):
     assert "would not lower memory: releases 1024 B of stored activations but keeps 262144 B" in p.skipped[0].reason
     # Recomputing both scopes lowers memory: the MatMul is recomputed from stored inputs.
     both = plan(analysis, scopes=["small", "big"], recompute_outputs=True)
-    assert [s.label for s in both.segments] == ["big..small"] and both.released_bytes == 1024
+    assert [(s.label, s.group) for s in both.segments] == [("small", "big..small")]
+    assert sorted(n.name for n in both.segments[0].recompute) == ["/big/MatMul", "/small/MatMul"]
+    assert both.released_bytes == 1024
 
 
 def test_nothing_selected_is_an_error(blocks10):
