@@ -52,6 +52,37 @@ def _is_forward_name(name: str) -> bool:
     return not (is_gradient_node_name(name) or clone_of(name) or tags.is_barrier_name(name))
 
 
+def backward_node_names(model: onnx.ModelProto) -> set[str] | None:
+    """Names of the nodes downstream of the loss gradient seed: the backward pass proper.
+
+    The first of them to run is where the backward pass begins. A name-based guess at the end of
+    the forward pass is not enough: onnxruntime creates nodes of its own (``Transpose_token_15``
+    from pushing transposes through gradient sums) and can leave a forward node (a transpose whose
+    partner it cancelled) to run late for a backward reader. None without a seed.
+    """
+    from collections import deque
+
+    from ..errors import RematError
+    from ..gs_bridge import ModelGraph
+    from ..training_graph import analyze
+
+    try:
+        tg = analyze(ModelGraph(model))
+    except RematError:
+        return None
+    if tg.seed is None:
+        return None
+    seen: dict[int, str] = {}
+    queue = deque(tg.seed.outputs)
+    while queue:
+        node = queue.popleft()
+        if id(node) in seen:
+            continue
+        seen[id(node)] = node.name
+        queue.extend(c for out in node.outputs for c in out.outputs)
+    return {name for name in seen.values() if name}
+
+
 @dataclass
 class SegmentRun:
     """One plan segment in the run: clones kept and executed, and whether they ran late enough.
@@ -198,10 +229,16 @@ def check_rewrite(
     if order:
         check.executed_nodes = len(order)
         check.clones_ran = len(clone_position)
-        feeding = _feeding_nodes((optimized or model).graph)
-        forward = [(i, n) for i, n in enumerate(order) if _is_forward_name(n) and n in feeding]
-        if forward:
-            check.forward_end_position, check.forward_end_node = forward[-1]
+        backward_names = backward_node_names(model)
+        start = next((i for i, n in enumerate(order) if n in backward_names), None) if backward_names else None
+        if start:
+            # The forward pass ends where the backward pass begins.
+            check.forward_end_position, check.forward_end_node = start - 1, order[start - 1]
+        else:
+            feeding = _feeding_nodes((optimized or model).graph)
+            forward = [(i, n) for i, n in enumerate(order) if _is_forward_name(n) and n in feeding]
+            if forward:
+                check.forward_end_position, check.forward_end_node = forward[-1]
 
     producers_opt = _producers(optimized.graph) if optimized is not None else {}
     producers_in = _producers(model.graph)
