@@ -190,7 +190,8 @@ class Planner:
                 skipped.append(SkippedSegment(seg.label, reason))
             else:
                 kept.append(seg)
-        kept.sort(key=lambda s: self.tg.position[id(s.recompute[0])])
+        # In forward order of what they release (stages of a group share their first clones).
+        kept.sort(key=lambda s: min(self.tg.position[id(producer(t))] for t in s.targets))
         return RecomputePlan(segments=kept, skipped=skipped, notes=notes)
 
     def scope_segment(self, scope) -> Segment | None:
