@@ -784,7 +784,7 @@ def _matmul_scale_fusion(rg: RuntimeGraph) -> bool:
             outputs = [output_merge[0].outputs[0]]
         attrs["alpha"] = float(np.float32(alpha))
         rg.remove(node)
-        for k, p, keep, scale in input_merges:
+        for _k, p, _keep, _scale in input_merges:
             if rg.nodes[p.index] is not None and not rg.consumers.get(p.outputs[0]) and not rg.produces_graph_output(p):
                 rg.remove(p)
                 origin += p.origin

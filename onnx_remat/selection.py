@@ -28,7 +28,6 @@ bytes of boundary tensors it must keep alive longer) is skipped and reported.
 
 from __future__ import annotations
 
-import bisect
 import difflib
 from dataclasses import dataclass, field
 
@@ -374,7 +373,7 @@ class Planner:
             if id(node) in chosen:
                 continue
             chosen[id(node)] = node
-            for i, t in enumerate(node.inputs):
+            for t in node.inputs:
                 p = producer(t) if t.name else None
                 if p is not None and id(p) not in chosen and expandable(p):
                     stack.append(p)

@@ -256,7 +256,7 @@ def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run:
     # Collapse: runs of collapsed scope units of one class become one box.
     order: list[str] = []
     seen = set()
-    for i, p in enumerate(protos):
+    for i in range(len(protos)):
         if kinds[i] == "forward" and units[i] not in seen:
             seen.add(units[i])
             order.append(units[i])

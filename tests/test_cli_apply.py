@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-import pytest
 
 from conftest import artifacts_dir, assert_one_line_error
 
