@@ -19,8 +19,16 @@ from rich.text import Text
 from onnx_remat.errors import UsageError
 from onnx_remat.units import format_bytes, parse_percent
 
-from .common import console, dims_from, err_console, json_option, model_argument, selection_options, write_json
-from .measure import json_safe, parse_int_ranges
+from .common import (
+    console,
+    err_console,
+    json_safe,
+    model_argument,
+    run_kwargs,
+    run_options,
+    selection_options,
+    write_json,
+)
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "dim"}
 
@@ -98,27 +106,13 @@ def parse_fraction(text: str, option: str) -> float:
 @click.option("--check-time", is_flag=True, help="Also gate the step-time ratio (noisy on shared machines).")
 @click.option("--update-baseline", is_flag=True,
               help="Write the baseline from this run (atomically; refused when gradients differ).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Run on cpu, or on cuda (needs onnx-remat[cuda] and an NVIDIA GPU).")
-@click.option("--steps", type=click.IntRange(min=1), default=None,
-              help="Timed steps per graph [default: 1, or 5 with --check-time].")
-@click.option("--warmup", type=click.IntRange(min=1), default=1, show_default=True, help="Untimed steps before them.")
-@click.option("--dim", "dims", multiple=True, metavar="NAME=VALUE", help="Bind a symbolic dimension (repeatable).")
-@click.option("--inputs", type=click.Path(dir_okay=False), default=None, metavar="DATA.npz",
-              help="Data inputs instead of synthesized ones.")
-@click.option("--int-range", "int_ranges", multiple=True, metavar="NAME=LOW:HIGH",
-              help="Values [LOW, HIGH) of a synthesized integer input (repeatable).")
-@click.option("--checkpoint", type=click.Path(), default=None, help="Parameters from this checkpoint.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of synthesized inputs and of dropout.")
 @click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="Absolute tolerance of the gradient comparison (0 with --rtol 0: bit for bit).")
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Relative tolerance.")
-@click.option("--live", is_flag=True, help="Also measure live peaks (RSS, CPU; shown, not gated).")
-@json_option
+@run_options(steps=None, steps_help="Timed steps per graph [default: 1, or 5 with --check-time].", live=False)
 @click.pass_context
 def command(ctx, model, scopes, op_types, nodes, recompute_outputs, baseline, max_peak_increase, max_time_increase,
-            check_time, update_baseline, device, steps, warmup, dims, inputs, int_ranges, checkpoint, seed, atol, rtol,
-            live, json_out):
+            check_time, update_baseline, atol, rtol, json_out, **options):
     """Check MODEL's recompute rewrite against a stored baseline (a CI regression gate).
 
     Rewrites MODEL in memory, measures original and rewrite with onnxruntime, and compares with
@@ -153,18 +147,10 @@ def command(ctx, model, scopes, op_types, nodes, recompute_outputs, baseline, ma
             max_time_increase=parse_fraction(max_time_increase, "--max-time-increase"),
             check_time=check_time,
             update=update_baseline,
-            device=device,
-            steps=steps,
-            warmup=warmup,
-            dims=dims_from(dims),
-            inputs=inputs,
-            int_ranges=parse_int_ranges(int_ranges),
-            checkpoint=checkpoint,
-            seed=seed,
             atol=atol,
             rtol=rtol,
-            live=live,
             progress=progress,
+            **run_kwargs(**options),
         )
     out.print(verdict_table(v))
     for line in v.diagnosis:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from onnx_remat.errors import RematError
+from onnx_remat.errors import RematError, UsageError
 from onnx_remat.units import parse_dims
 
 console = Console(highlight=False)
@@ -82,3 +83,103 @@ def write_json(data, out: Path | None) -> None:
         os.replace(tmp, out)
     except OSError as exc:
         raise RematError(f"{out}: cannot write ({exc.strerror})") from None
+
+
+def parse_int_ranges(items) -> dict[str, tuple[int, int]]:
+    """``('input_ids=0:512', 'labels=10')`` -> ``{'input_ids': (0, 512), 'labels': (0, 10)}`` (high excluded)."""
+    out: dict[str, tuple[int, int]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        low, colon, high = value.partition(":")
+        try:
+            rng = (int(low), int(high)) if colon else (0, int(low))
+        except ValueError:
+            rng = None
+        if not sep or not name.strip() or rng is None:
+            raise UsageError(f"--int-range takes name=low:high (high excluded) or name=high, got {item!r}")
+        out[name.strip()] = rng
+    return out
+
+
+def json_safe(obj):
+    """NaN and infinities as strings, so the JSON file stays valid JSON."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def run_options(*, steps: int | None = 3, steps_help: str = "Timed training steps.", live: bool = True):
+    """Options of the commands that run a graph (measure, compare, check), with their defaults.
+
+    The same flags mean the same in every command; ``steps`` and ``live`` are the defaults that
+    differ (``check`` runs one step and skips the live peak unless asked).
+    """
+    options = [
+        click.option(
+            "--device",
+            type=click.Choice(["cpu", "cuda"]),
+            default="cpu",
+            show_default=True,
+            help="Run on cpu, or on cuda (needs onnx-remat[cuda] and an NVIDIA GPU).",
+        ),
+        click.option("--steps", type=click.IntRange(min=1), default=steps, show_default=steps is not None, help=steps_help),
+        click.option(
+            "--warmup",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Untimed steps before them (the first one is profiled).",
+        ),
+        dims_option,
+        click.option(
+            "--inputs",
+            type=click.Path(dir_okay=False),
+            default=None,
+            metavar="DATA.npz",
+            help="Data inputs (numpy.savez, one array per graph input) instead of synthesized ones.",
+        ),
+        click.option(
+            "--int-range",
+            "int_ranges",
+            multiple=True,
+            metavar="NAME=LOW:HIGH",
+            help="Values [LOW, HIGH) of a synthesized integer input such as token ids (repeatable).",
+        ),
+        click.option(
+            "--checkpoint",
+            type=click.Path(),
+            default=None,
+            help="Parameters from this checkpoint (default: the artifacts directory's).",
+        ),
+        click.option(
+            "--seed", type=int, default=0, show_default=True, help="Seed of synthesized inputs and of dropout."
+        ),
+        click.option("--live/--no-live", default=live, show_default=True, help="Measure the live peak (RSS, CPU) too."),
+        json_option,
+    ]
+
+    def decorate(f):
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return decorate
+
+
+def run_kwargs(device, steps, warmup, dims, inputs, int_ranges, checkpoint, seed, live) -> dict:
+    """The keyword arguments of measure()/compare()/check() from :func:`run_options`."""
+    return dict(
+        device=device,
+        steps=steps,
+        warmup=warmup,
+        dims=dims_from(dims),
+        inputs=inputs,
+        int_ranges=parse_int_ranges(int_ranges),
+        checkpoint=checkpoint,
+        seed=seed,
+        live=live,
+    )

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import click
 
-from .common import console, err_console, write_json
-from .measure import json_safe, run_kwargs, run_options
+from .common import console, err_console, json_safe, run_kwargs, run_options, write_json
 
 
 @click.command("compare")
@@ -24,7 +23,7 @@ from .measure import json_safe, run_kwargs, run_options
     help="Absolute tolerance (with --rtol 0 as well: bit for bit).",
 )
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Relative tolerance.")
-@run_options
+@run_options()
 @click.pass_context
 def command(ctx, a, b, atol, rtol, json_out, **options):
     """Compare training graphs A (e.g. the original) and B (e.g. its rewrite).
