@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import click
 from rich.console import Console
 
-from onnx_remat.errors import RematError, UsageError
+from onnx_remat.errors import UsageError
+from onnx_remat.model_io import write_file
 from onnx_remat.units import parse_dims
 
 console = Console(highlight=False)
@@ -76,13 +75,7 @@ def write_json(data, out: Path | None) -> None:
     if str(out) == "-":
         click.echo(text, nl=False)
         return
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise RematError(f"{out}: cannot write ({exc.strerror})") from None
+    write_file(out, text)
 
 
 def parse_int_ranges(items) -> dict[str, tuple[int, int]]:

@@ -97,7 +97,6 @@ import datetime as _dt
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -108,6 +107,7 @@ import numpy as np
 
 from . import __version__
 from .errors import RematError, UsageError
+from .model_io import write_file
 
 BASELINE_SCHEMA = "onnx-remat-baseline/1"
 VERDICT_SCHEMA = "onnx-remat-check/1"
@@ -236,20 +236,9 @@ def write_baseline(path: str | os.PathLike, data: dict) -> Path:
     text = json.dumps(data, indent=2) + "\n"
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it 0600; a baseline is a file to commit
-            os.replace(tmp, p)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
     except OSError as exc:
         raise RematError(f"{p}: cannot write the baseline ({exc.strerror})") from None
+    write_file(p, text)
     return p
 
 

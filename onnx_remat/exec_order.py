@@ -68,17 +68,7 @@ def priority_order(indices: Sequence[int], producers: dict[int, Sequence[int]], 
         in_degree[i] = len(ps)  # one per input edge, as Node::GetInputEdgesCount counts
         for p in ps:
             consumers[p].append(i)
-    ready = [(0 if ops.get(i) in HIGH_PRIORITY_OPS else 1, i) for i in indices if in_degree[i] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, node = heapq.heappop(ready)
-        order.append(node)
-        for c in consumers[node]:
-            in_degree[c] -= 1
-            if in_degree[c] == 0:
-                heapq.heappush(ready, (0 if ops.get(c) in HIGH_PRIORITY_OPS else 1, c))
-    return order
+    return _ready_order(indices, consumers, in_degree, lambda i: 0 if ops.get(i) in HIGH_PRIORITY_OPS else 1)
 
 
 def order_from_names(
@@ -114,7 +104,12 @@ def order_from_names(
             below = [key[c] for c in consumers[node]]
             key[node] = (min(below) - 0.5) if below else big
     in_degree = {i: len(set(producers.get(i, ()))) for i in indices}
-    ready = [(key[i], i) for i in indices if in_degree[i] == 0]
+    return _ready_order(indices, consumers, in_degree, key.__getitem__), matched
+
+
+def _ready_order(indices, consumers, in_degree: dict, priority) -> list[int]:
+    """Kahn's walk: among ready nodes the lowest ``(priority(i), i)`` runs first. Consumes ``in_degree``."""
+    ready = [(priority(i), i) for i in indices if in_degree[i] == 0]
     heapq.heapify(ready)
     order: list[int] = []
     while ready:
@@ -123,5 +118,5 @@ def order_from_names(
         for c in consumers[node]:
             in_degree[c] -= 1
             if in_degree[c] == 0:
-                heapq.heappush(ready, (key[c], c))
-    return order, matched
+                heapq.heappush(ready, (priority(c), c))
+    return order

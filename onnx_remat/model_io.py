@@ -147,6 +147,33 @@ def _same_path(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
 
 
+def write_file(path: str | os.PathLike, data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (a temporary file in the same folder, then a rename).
+
+    The file gets the permissions a plain ``open()`` would give (``mkstemp`` makes 0600). Raises
+    :class:`RematError` with one line when the folder is missing or not writable.
+    """
+    out = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    except OSError as exc:
+        raise RematError(f"{out}: cannot write ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(raw)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, out)
+    except OSError as exc:
+        raise RematError(f"{out}: cannot write ({exc.strerror})") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
 def save_model(
     model: onnx.ModelProto,
     path: str | os.PathLike,

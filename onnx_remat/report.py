@@ -19,13 +19,13 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from . import __version__
 from .errors import RematError
 from .estimate import EstimateResult, MemoryEstimate, estimate, estimate_from_apply
+from .model_io import write_file
 from .units import format_bytes, format_ratio
 
 _CSS = """
@@ -210,14 +210,5 @@ def write_report(
                    + list(view.notes))
     page = report_html(est, timeline_svg=timeline_svg, graph_svg=graph_svg, graph_dot=dot_text,
                        graph_notes=graph_notes, title=title)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else ".")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(page)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise RematError(f"{out}: cannot write ({exc.strerror})") from None
+    write_file(out, page)
     return out

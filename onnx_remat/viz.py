@@ -33,7 +33,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from pathlib import Path
 from . import tags
 from .analysis import ModelAnalysis, ModelLike, analyze_model
 from .errors import RematError
+from .model_io import write_file
 from .units import format_bytes
 
 FORMATS = (".dot", ".svg", ".png", ".html")
@@ -563,18 +563,7 @@ def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
             svg = render(dot_text, "svg").decode()
             svg = svg[svg.index("<svg"):] if "<svg" in svg else svg
         data = html_page(view, svg, dot_text).encode()
-    _atomic_write(out, data)
+    write_file(out, data)
     return out
 
 
-def _atomic_write(out: Path, data: bytes) -> None:
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent if str(out.parent) else ".")
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, out)
-    except OSError as exc:
-        raise RematError(f"{out}: cannot write ({exc.strerror})") from None

@@ -349,25 +349,10 @@ def _measure_prepared(
     tag: str = "",
 ) -> tuple[Measurement, dict[str, np.ndarray] | None]:
     src = prep.source
-    base = {
-        "model": str(src.path),
-        "device": device,
-        "feeds": str(prep.feeds_path),
-        "checkpoint": str(src.checkpoint) if src.checkpoint else None,
-        "from_checkpoint": prep.feeds.from_checkpoint,
-        "buffers": prep.feeds.buffers,
-        "flags": prep.feeds.flags,
-        "warmup": warmup,
-        "steps": steps,
-        "seed": seed,
-    }
+    base = {**_worker_base(prep, device, seed), "warmup": warmup, "steps": steps}
 
     def relay(config: str):
-        if progress is None:
-            return None
-        return lambda p: progress(
-            ProgressEvent(src.label, tag, config, p["phase"], p["index"], p["total"], p["seconds"])
-        )
+        return _relay(progress, src.label, tag, config)
 
     arena_dir = workdir / "arena"
     arena = run_worker(
@@ -439,31 +424,34 @@ def _reference_outputs(
     prep: _Prepared, *, device: str, seed: int, workdir: Path, progress: ProgressCallback | None, tag: str = ""
 ) -> dict[str, np.ndarray]:
     """Outputs of one single-threaded step (deterministic on CPU), from a worker of its own."""
-    src = prep.source
-    relay = None
-    if progress is not None:
-
-        def relay(p):
-            progress(ProgressEvent(src.label, tag, "outputs", p["phase"], p["index"], p["total"], p["seconds"]))
-
     run_worker(
-        {
-            "kind": "outputs",
-            "model": str(src.path),
-            "device": device,
-            "feeds": str(prep.feeds_path),
-            "checkpoint": str(src.checkpoint) if src.checkpoint else None,
-            "from_checkpoint": prep.feeds.from_checkpoint,
-            "buffers": prep.feeds.buffers,
-            "flags": prep.feeds.flags,
-            "seed": seed,
-            "threads": 1,
-            "workdir": str(workdir),
-        },
+        {**_worker_base(prep, device, seed), "kind": "outputs", "threads": 1, "workdir": str(workdir)},
         env=worker_env(device),
-        progress=relay,
+        progress=_relay(progress, prep.source.label, tag, "outputs"),
     )
     return load_arrays(workdir / "outputs.npz")
+
+
+def _worker_base(prep: _Prepared, device: str, seed: int) -> dict:
+    """The part of a worker spec every configuration shares: graph, device, feeds, parameters, seed."""
+    src = prep.source
+    return {
+        "model": str(src.path),
+        "device": device,
+        "feeds": str(prep.feeds_path),
+        "checkpoint": str(src.checkpoint) if src.checkpoint else None,
+        "from_checkpoint": prep.feeds.from_checkpoint,
+        "buffers": prep.feeds.buffers,
+        "flags": prep.feeds.flags,
+        "seed": seed,
+    }
+
+
+def _relay(progress: ProgressCallback | None, label: str, tag: str, config: str):
+    """A worker progress callback that forwards to ``progress`` as ProgressEvents (None without one)."""
+    if progress is None:
+        return None
+    return lambda p: progress(ProgressEvent(label, tag, config, p["phase"], p["index"], p["total"], p["seconds"]))
 
 
 class _Workdir:
