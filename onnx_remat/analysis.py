@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import onnx
 
 from .gs_bridge import ModelGraph
-from .model_io import LoadedModel, check_model, load_model
+from .model_io import LoadedModel, load_model
+from .validity import check_runtime_support
 from .scopes import ScopeTree, resolve_scopes
 from .shapes import TensorSizes
 from .training_graph import TrainingGraph, analyze
@@ -69,7 +70,7 @@ def analyze_model(
     source = as_loaded(model)
     if source is None:
         proto = model
-        check_model(proto)
+        check_runtime_support(proto)
     else:
         proto = source.model
     if eval_model is None and source is not None and source.eval_model_path is not None:

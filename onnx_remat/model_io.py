@@ -20,6 +20,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from .errors import RematError
+from .validity import check_runtime_support
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -84,7 +85,8 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
     """Read an ONNX model (file or artifacts directory), with its external data.
 
     Raises :class:`RematError` with one line naming the file when it is missing, not ONNX,
-    truncated, refers to external data that is not there, or fails ``onnx.checker``.
+    truncated, refers to external data that is not there, or is a graph onnxruntime 1.19 would
+    refuse (:func:`onnx_remat.validity.check_runtime_support`).
     """
     file, artifacts_dir = find_model_file(path)
     try:
@@ -107,17 +109,8 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
         except (OSError, ValueError) as exc:
             raise RematError(f"{file}: its external data cannot be read: {_one_line(exc)}") from None
     if check:
-        check_model(model, file)
+        check_runtime_support(model, file)
     return LoadedModel(model=model, path=file, artifacts_dir=artifacts_dir, external_data=external)
-
-
-def check_model(model: onnx.ModelProto, where: str | os.PathLike = "model") -> None:
-    """Run ``onnx.checker`` and turn a failure into a one-line :class:`RematError`."""
-    try:
-        if model.ByteSize() < _PROTOBUF_LIMIT:
-            onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        raise RematError(f"{where}: invalid ONNX model: {_one_line(exc)}") from None
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

@@ -1,0 +1,155 @@
+"""Is this a graph onnxruntime-training 1.19 can load? Judged without starting a session.
+
+``onnx.checker`` alone is the wrong judge for training graphs: onnxruntime registers ops of its
+own in the default domain (``LayerNormalization`` before opset 17, ``SimplifiedLayerNormalization``,
+``MaxPoolGrad``, ... see :mod:`onnx_remat.ort_ops`), its training optimizer writes them into every
+``training_model.onnx``, and the checker rejects them ("No Op registered for
+SimplifiedLayerNormalization with domain_version of 17"). :func:`check_runtime_support` checks
+
+1. the IR version and the default-domain opset against what onnxruntime 1.19 loads (<= 10, <= 21);
+2. every node's op against ONNX's schemas at the model's opset, onnxruntime's own ops
+   (:mod:`onnx_remat.ort_ops`) and the model's local functions, and that its domain is imported;
+3. everything else ``onnx.checker`` checks (graph structure, topological order, attributes of
+   standard ops), on a copy in which onnxruntime's own default-domain nodes are moved to a domain
+   the checker does not know, so that it skips them; the copy holds no tensor data.
+
+Each failure is a one-line :class:`~onnx_remat.errors.RematError` that names what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+
+from . import ort_ops
+from .errors import RematError
+
+MAX_IR_VERSION = 10
+MAX_OPSET = 21
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+_ONNX_DOMAINS = ("ai.onnx.ml", "ai.onnx.preview.training")
+# Where the checker's copy puts onnxruntime's own default-domain nodes: an unknown domain, which
+# onnx.checker does not look into.
+_SKIPPED_DOMAIN = "onnx_remat.onnxruntime_only"
+
+
+def _imports(model: onnx.ModelProto) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for op in model.opset_import:
+        out["" if op.domain == "ai.onnx" else op.domain] = op.version
+    return out
+
+
+def runtime_only(op_type: str, opset: int) -> bool:
+    """True if onnxruntime registers default-domain ``op_type`` at ``opset`` and ONNX does not."""
+    return any(lo <= opset <= hi for lo, hi in ort_ops.ONNX_DOMAIN_OPSETS.get(op_type, ()))
+
+
+def op_known(op_type: str, domain: str, imports: dict[str, int], functions: set[tuple[str, str]]) -> bool:
+    """Whether onnxruntime 1.19 knows ``domain::op_type`` given the model's opset imports."""
+    domain = "" if domain == "ai.onnx" else domain
+    if (domain, op_type) in functions:
+        return True
+    version = imports.get(domain)
+    if version is None:
+        return False
+    if domain == "":
+        return onnx.defs.has(op_type, version, "") or runtime_only(op_type, version)
+    if domain in _ONNX_DOMAINS:
+        return onnx.defs.has(op_type, version, domain)
+    return op_type in ort_ops.DOMAIN_OPS.get(domain, frozenset())
+
+
+def _nodes(graph: onnx.GraphProto):
+    """Nodes of ``graph`` and of its subgraphs (iterative)."""
+    stack = [graph]
+    while stack:
+        g = stack.pop()
+        for node in g.node:
+            yield node
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.GRAPH:
+                    stack.append(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    stack.extend(attr.graphs)
+
+
+def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "model") -> None:
+    """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 would refuse ``model``.
+
+    ``where`` names the model in the message (a path, or "rewritten model").
+    """
+    if model.ir_version > MAX_IR_VERSION:
+        raise RematError(
+            f"{where}: IR version {model.ir_version} is newer than onnxruntime 1.19 loads (<= {MAX_IR_VERSION}); "
+            "re-export, or set model.ir_version if nothing newer is used"
+        )
+    imports = _imports(model)
+    opset = imports.get("")
+    if opset is not None and opset > MAX_OPSET:
+        raise RematError(f"{where}: default-domain opset {opset} is newer than onnxruntime 1.19 runs (<= {MAX_OPSET})")
+    functions = {(f.domain, f.name) for f in model.functions}
+    unknown: dict[tuple[str, str], str] = {}
+    missing_domains: set[str] = set()
+    for node in _nodes(model.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if (domain, node.op_type) in unknown:
+            continue
+        if domain not in imports and (domain, node.op_type) not in functions:
+            missing_domains.add(domain or "ai.onnx")
+            continue
+        if not op_known(node.op_type, domain, imports, functions):
+            unknown[(domain, node.op_type)] = node.name or node.op_type
+    if missing_domains:
+        raise RematError(f"{where}: nodes use domain(s) without an opset import: {', '.join(sorted(missing_domains))}")
+    if unknown:
+        shown = [
+            f"{op} ({'domain ' + d if d else 'opset ' + str(opset)}, node {name!r})"
+            for (d, op), name in list(unknown.items())[:3]
+        ]
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise RematError(f"{where}: ops onnxruntime 1.19 does not know: {', '.join(shown)}{more}")
+    _check_structure(model, where, opset)
+
+
+def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: int | None) -> None:
+    """``onnx.checker`` on a skeleton of ``model``: no tensor data, onnxruntime-only nodes skipped."""
+    skeleton = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    g, src = skeleton.graph, model.graph
+    g.name = src.name
+    g.node.extend(src.node)
+    g.input.extend(src.input)
+    g.output.extend(src.output)
+    g.value_info.extend(src.value_info)
+    # Initializers become typed graph inputs: their data was parsed already, and copying it
+    # would double the memory of a large model.
+    declared = {vi.name for vi in src.input}
+    for init in src.initializer:
+        if init.name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    for init in src.sparse_initializer:
+        name = init.values.name
+        if name not in declared:
+            g.input.append(onnx.helper.make_tensor_value_info(name, init.values.data_type, list(init.dims)))
+    moved = False
+    if opset is not None:
+        for node in _nodes(g):
+            if node.domain in _DEFAULT_DOMAINS and runtime_only(node.op_type, opset):
+                node.domain = _SKIPPED_DOMAIN
+                moved = True
+    if moved:
+        skeleton.opset_import.add(domain=_SKIPPED_DOMAIN, version=1)
+    try:
+        onnx.checker.check_model(skeleton)
+    except onnx.checker.ValidationError as exc:
+        raise RematError(f"{where}: invalid ONNX model: {_one_line(exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
