@@ -18,8 +18,11 @@
   ``pkg.torch.onnx.class_hierarchy``), so scopes can be matched by module path or by class name
   whichever exporter made the graph.
 
-None of these imports torch: they take the module only to read its ``named_modules()`` and
-``named_parameters()``.
+* :func:`export_for_training` does it all in one call: the export (either exporter) with every
+  fix above, ready for ``generate_artifacts``.
+
+Only :func:`export_for_training` imports torch (when called); the others take the module only to
+read its ``named_modules()`` and ``named_parameters()``.
 
 A typical TorchScript export::
 
@@ -49,6 +52,7 @@ node producing the same output.
 
 from __future__ import annotations
 
+import io
 from typing import Any, Iterable, Iterator
 
 import onnx
@@ -256,8 +260,17 @@ def trainable_parameter_names(model: onnx.ModelProto, module: Any, *, strict: bo
     the initializer of a ``LayerNorm`` weight, silently tying them in training (export with
     ``optimize=False`` to avoid it). With ``strict=True`` such parameters raise ``ValueError``.
     """
-    trainable = [name for name, p in module.named_parameters() if getattr(p, "requires_grad", True)]
-    wanted = set(trainable)
+    # A tied parameter (GPT-2's input embedding = LM head) has several names; named_parameters()
+    # gives the first, while an exporter may name the initializer after any of them.
+    aliases: dict[int, list[str]] = {}
+    trainable: list[int] = []
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in aliases:
+            aliases[id(p)] = []
+            if getattr(p, "requires_grad", True):
+                trainable.append(id(p))
+        aliases[id(p)].append(name)
+    wanted = {name for pid in trainable for name in aliases[pid]}
     seen: set[str] = set()
     out: list[str] = []
     for init in model.graph.initializer:
@@ -265,7 +278,7 @@ def trainable_parameter_names(model: onnx.ModelProto, module: Any, *, strict: bo
             seen.add(init.name)
             out.append(init.name)
     if strict:
-        missing = [name for name in trainable if name not in seen]
+        missing = [aliases[pid][0] for pid in trainable if not any(n in seen for n in aliases[pid])]
         if missing:
             raise ValueError(
                 f"{len(missing)} trainable parameter(s) of the module have no initializer in the "
@@ -372,3 +385,112 @@ def annotate_scopes(model: onnx.ModelProto, module: Any, *, overwrite: bool = Fa
             for key, value in values.items():
                 node.metadata_props.add(key=key, value=value)
     return annotated
+
+
+def _restore_initializers_from(model: onnx.ModelProto, values: dict[str, Any]) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers named in ``values`` hold those (torch) values."""
+    from onnx import numpy_helper
+
+    out = _copy(model)
+    for i, init in enumerate(out.graph.initializer):
+        if init.name in values:
+            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(values[init.name].detach().cpu().numpy(),
+                                                                      init.name))
+    return out
+
+
+def _export_torchscript(module: Any, args: tuple, opset: int, input_names, output_names) -> onnx.ModelProto:
+    import torch
+
+    buffers = {k: v.detach().clone() for k, v in module.named_buffers()}
+    f = io.BytesIO()
+    torch.onnx.export(module, args, f, dynamo=False, opset_version=opset,
+                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                      input_names=list(input_names), output_names=list(output_names))
+    # Tracing in training mode runs the module once: BatchNorm running statistics were updated
+    # by it, in the module and in the exported initializers. Both go back to their old values.
+    with torch.no_grad():
+        for name, buf in module.named_buffers():
+            buf.copy_(buffers[name])
+    model = _restore_initializers_from(onnx.load_from_string(f.getvalue()), buffers)
+    return annotate_scopes(add_gradient_outputs(model), module)
+
+
+def _export_dynamo(module: Any, args: tuple, opset: int, input_names, output_names) -> onnx.ModelProto:
+    import onnx_ir as ir
+    import torch
+    from onnxscript.optimizer import optimize_ir
+
+    program = torch.onnx.export(module, args, dynamo=True, opset_version=opset,
+                                training=torch.onnx.TrainingMode.TRAINING, input_names=list(input_names),
+                                output_names=list(output_names), verbose=False, optimize=False)
+    # The exporter's optimizer (optimize=True) is needed (it turns SplitToSequence + SequenceAt,
+    # which have no gradient in onnxruntime, back into Split), but it treats parameters as
+    # constants: it folds ops that read them (GPT-2's position embedding disappeared) and merges
+    # parameters of equal value (every fresh LayerNorm weight is all ones), so they would no
+    # longer be trained, or be trained tied. Parameters are turned into graph inputs while it
+    # runs, and back into initializers after.
+    trainable = {name for name, p in module.named_parameters(remove_duplicate=False) if p.requires_grad}
+    graph = program.model.graph
+    hidden = []
+    for name in list(graph.initializers):
+        if name in trainable:
+            value = graph.initializers.pop(name)
+            hidden.append((value, value.const_value))
+            value.const_value = None
+            graph.inputs.append(value)
+    optimize_ir(program.model)
+    for value, const in hidden:
+        graph.inputs.remove(value)
+        value.const_value = const
+        graph.register_initializer(value)
+    return fix_dynamo_training_export(ir.serde.serialize_model(program.model))
+
+
+def export_for_training(
+    module: Any,
+    args: tuple,
+    *,
+    exporter: str = "torchscript",
+    opset: int | None = None,
+    input_names: Iterable[str] = (),
+    output_names: Iterable[str] = ("output",),
+) -> onnx.ModelProto:
+    """Export ``module`` (a ``torch.nn.Module``) in training mode, ready for ``generate_artifacts``.
+
+    ``exporter`` is ``"torchscript"`` (``torch.onnx.export(..., dynamo=False)``, default opset
+    17) or ``"dynamo"`` (default opset 18). One call applies every fix this module knows:
+
+    * TorchScript: no constant folding (parameters stay initializers named by module path);
+      BatchNorm running statistics put back to their values before the export (tracing in
+      training mode updates them); :func:`add_gradient_outputs`; :func:`annotate_scopes`.
+    * dynamo: the exporter's optimizer runs with the trainable parameters hidden from it, so it
+      neither folds them into constants nor merges equal ones; then
+      :func:`fix_dynamo_training_export`.
+
+    The module's parameters and buffers are the same afterwards. Pass
+    ``trainable_parameter_names(model, module, strict=True)`` as ``generate_artifacts``'s
+    ``requires_grad``.
+    """
+    import torch
+
+    if exporter not in ("torchscript", "dynamo"):
+        raise ValueError(f"exporter must be 'torchscript' or 'dynamo', not {exporter!r}")
+    module.train()
+    args = tuple(args)
+    names = tuple(input_names)
+    outs = tuple(output_names)
+    import contextlib
+    import logging
+    import warnings
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(warnings.catch_warnings())
+        warnings.simplefilter("ignore")  # deprecation and train-mode warnings of the exporters
+        log = logging.getLogger("torch.onnx")
+        stack.callback(log.setLevel, log.level)
+        log.setLevel(logging.ERROR)
+        with torch.random.fork_rng():  # the export must not draw from the caller's generator
+            if exporter == "torchscript":
+                return _export_torchscript(module, args, opset or 17, names, outs)
+            return _export_dynamo(module, args, opset or 18, names, outs)
