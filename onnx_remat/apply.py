@@ -19,7 +19,10 @@ import onnx
 
 from .analysis import ModelAnalysis, ModelLike, analyze_model
 from .errors import RematError
-from .model_io import TRAINING_MODEL, check_model, save_model, write_artifacts
+from .model_io import TRAINING_MODEL, save_model, write_artifacts
+from .validity import check_runtime_support
+from .ort_optimizer import execution_order
+from .random_ops import is_random
 from .recompute import RecomputeRewrite, RewriteResult
 from .selection import Planner, RecomputePlan, Selection
 
@@ -86,6 +89,10 @@ class ApplyResult:
         }
 
 
+def _has_random_ops(analysis: ModelAnalysis) -> bool:
+    return sum(1 for n in analysis.graph.forward_nodes if is_random(n)) > 1
+
+
 def _as_list(value: str | Iterable[str] | None) -> list[str]:
     if value is None:
         return []
@@ -137,8 +144,9 @@ def apply(
     """
     analysis = analyze_model(model, eval_model=eval_model, dims=dims)
     recompute_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
-    rewrite = RecomputeRewrite()(analysis.graph, recompute_plan)
-    check_model(rewrite.model, "rewritten model")
+    order = execution_order(analysis.model, analysis.sizes) if _has_random_ops(analysis) else None
+    rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+    check_runtime_support(rewrite.model, "rewritten model")
     notes = []
     unknown = recompute_plan.unknown_sizes
     if unknown:

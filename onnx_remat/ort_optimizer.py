@@ -796,3 +796,17 @@ def _matmul_scale_fusion(rg: RuntimeGraph) -> bool:
         rg.rewrites["MatMulScaleFusion"] += 1
         changed = True
     return changed
+
+
+def execution_order(model: onnx.ModelProto, sizes: TensorSizes) -> list[str]:
+    """Names of ``model``'s nodes in the order onnxruntime's DEFAULT order would run them (emulated).
+
+    A node fused into another is listed where the fused node runs; nodes removed without a
+    replacement are left out. ``sizes`` is not changed.
+    """
+    from .contrib_shapes import infer_runtime_shapes
+
+    runtime_sizes = sizes.copy()
+    infer_runtime_shapes(model, runtime_sizes)
+    rg = optimize(runtime_graph(model, runtime_sizes))
+    return [name for i in rg.default_order() for name in rg.nodes[i].origin]  # type: ignore[union-attr]

@@ -29,13 +29,14 @@ Clones and barriers are named and tagged as :mod:`onnx_remat.tags` describes.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
 
 from . import __version__, tags
-from .random_ops import is_replayable, replay_inputs
+from .random_ops import is_random, is_replayable, replay_inputs
 from .selection import RecomputePlan, Segment
 from .training_graph import TrainingGraph, producer, unique_tensors
 
@@ -75,6 +76,8 @@ class RewriteResult:
 
     model: onnx.ModelProto
     segments: list[RewrittenSegment]
+    fences: list[str] = field(default_factory=list)  # names of the fusion fences added
+    random_order_pins: list[str] = field(default_factory=list)  # names of the PassThroughs ordering random ops
 
     @property
     def clone_count(self) -> int:
@@ -88,9 +91,13 @@ class RecomputeRewrite:
     to show what the barrier and the dropout replay protect against; don't use them otherwise.
     """
 
-    def __init__(self, *, barrier: bool = True, replay_dropout: bool = True):
+    def __init__(self, *, barrier: bool = True, replay_dropout: bool = True, fence: bool = True,
+                 pin_random_order: bool = True, random_order: Sequence[str] | None = None):
         self.barrier = barrier
         self.replay_dropout = replay_dropout
+        self.fence = fence
+        self.pin_random_order = pin_random_order
+        self.random_order = random_order
 
     def __call__(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
         self.requires(tg, plan)
@@ -104,7 +111,9 @@ class RecomputeRewrite:
         """The graph has not been rewritten by onnx-remat before, and the plan has segments."""
         from .errors import RematError
 
-        already = [n.name for n in tg.order if tags.is_clone_name(n.name) or tags.is_barrier_name(n.name)]
+        already = [n.name for n in tg.order
+                   if tags.is_clone_name(n.name) or tags.is_barrier_name(n.name) or tags.is_fence_name(n.name)
+                   or tags.is_pin_name(n.name)]
         if already:
             raise RematError(
                 f"this graph was already rewritten by onnx-remat ({len(already)} recompute nodes, e.g. "
@@ -122,6 +131,9 @@ class RecomputeRewrite:
         # Triggers and readers are read off the original graph before any edge changes.
         staged = [(seg, label, self._schedule(tg, seg)) for seg, label in zip(plan.segments, labels)]
 
+        producers = {id(producer(t)): producer(t) for seg in plan.segments for t in seg.targets}
+        edges_before = {pid: _output_edges(p) for pid, p in producers.items()}
+
         before: dict[int, list[gs.Node]] = {}
         moved: set[int] = set()
         done: list[RewrittenSegment] = []
@@ -133,6 +145,8 @@ class RecomputeRewrite:
             moved.update(id(n) for n in late)
             before.setdefault(id(sched.insert_at), []).extend(added + late)
             done.append(rewritten)
+        pins = self._pin_random_order(tg, before)
+        fences = self._fence(tg, producers, edges_before, before)
         graph.nodes = _emit(tg.order, before, moved)
 
         plan_json = json.dumps([s.summary() for s in done], sort_keys=True)
@@ -140,7 +154,88 @@ class RecomputeRewrite:
             extra_opsets={MS_DOMAIN: 1},
             metadata={tags.PLAN_KEY: plan_json, tags.VERSION_KEY: __version__},
         )
-        return RewriteResult(model=model, segments=done)
+        return RewriteResult(model=model, segments=done, fences=fences, random_order_pins=pins)
+
+    def _pin_random_order(self, tg: TrainingGraph, before: dict[int, list[gs.Node]]) -> list[str]:
+        """Make the forward pass's random ops run in the original graph's order, whatever the new order.
+
+        onnxruntime's ``Dropout`` (and every random op) draws from one global generator, so which
+        mask a Dropout gets depends on how many draws ran before it. The node-list edits (clones
+        read by backward nodes, fences) change onnxruntime's DEFAULT order, and with it the order
+        of independent random ops (seen: BART's decoder embedding dropout running before the
+        encoder's). Each random op after the first waits, through a ``PassThrough`` (zero copy) on
+        its first input, for the one before it in the original's order (``random_order``: node
+        names as onnxruntime runs the original graph); its mask is stored for the backward pass
+        anyway, so nothing lives longer.
+        """
+        randoms = [n for n in tg.forward_nodes if is_random(n) and n.inputs and n.inputs[0].name]
+        if len(randoms) < 2 or not self.pin_random_order:
+            return []
+        rank = {name: i for i, name in enumerate(self.random_order or ())}
+        position = {id(n): k for k, n in enumerate(randoms)}
+        randoms.sort(key=lambda n: (rank.get(n.name, len(rank)), position[id(n)]))
+        pins: list[str] = []
+        for prev, node in zip(randoms, randoms[1:]):
+            wait_for = prev.outputs[-1] if prev.outputs[-1].name else prev.outputs[0]
+            data = node.inputs[0]
+            passed = gs.Variable(tags.pin_tensor_name(data.name, node.name), dtype=data.dtype, shape=data.shape)
+            # PassThrough needs an output per input (an omitted one crashes onnxruntime's kernel).
+            waited = gs.Variable(tags.pin_tensor_name(wait_for.name, node.name), dtype=wait_for.dtype,
+                                 shape=wait_for.shape)
+            pin = gs.Node(op="PassThrough", name=tags.pin_name(node.name or node.op), domain=MS_DOMAIN,
+                          inputs=[data, wait_for], outputs=[passed, waited])
+            tg.mg.set_extras(
+                pin,
+                f"onnx-remat: {node.name or node.op} waits for {prev.name or prev.op} (random ops keep the "
+                "original graph's order, so each draws the same numbers)",
+                {tags.ROLE_KEY: tags.ROLE_PIN},
+            )
+            node.inputs[0] = passed
+            before.setdefault(id(node), []).append(pin)
+            pins.append(pin.name)
+        return pins
+
+    def _fence(self, tg: TrainingGraph, producers: dict[int, gs.Node], edges_before: dict[int, int],
+               before: dict[int, list[gs.Node]]) -> list[str]:
+        """Keep onnxruntime from fusing forward nodes that the rewrite left with one reader.
+
+        onnxruntime's session optimizer fuses a node into its reader only when the node has a
+        single output edge (e.g. ``Add`` + ``LayerNormalization`` into ``SkipLayerNormalization``,
+        whose CPU kernel does not produce the mean and inverse std-dev that
+        ``LayerNormalizationGrad`` reads: the step then fails). A forward node whose backward
+        readers moved to clones can drop to one edge and become fusable although it was not in
+        the original graph. Its last edge then goes through a ``PassThrough`` (zero copy), which
+        no fusion pattern looks through, so the original's fusions stay as they were. Pairs whose
+        fusion onnxruntime makes whatever the edge count (a transpose or a scalar scale folded into
+        a matrix product), and so made in the original graph too, are left alone: fencing them
+        would keep the transpose's output in memory.
+        """
+        fences: list[str] = []
+        if not self.fence:
+            return fences
+        graph_outputs = {o.name for o in tg.graph.outputs}
+        for pid, node in producers.items():
+            if edges_before[pid] < 2 or _output_edges(node) != 1:
+                continue
+            tensor = next(t for t in node.outputs if t.outputs)
+            reader = tensor.outputs[0]
+            if tensor.name in graph_outputs or _harmless_fusion(node, reader):
+                continue
+            fenced = gs.Variable(tags.fence_tensor_name(tensor.name), dtype=tensor.dtype, shape=tensor.shape)
+            fence = gs.Node(op="PassThrough", name=tags.fence_name(tensor.name), domain=MS_DOMAIN,
+                            inputs=[tensor], outputs=[fenced])
+            tg.mg.set_extras(
+                fence,
+                f"onnx-remat fence: passes {tensor.name} through (zero copy) so that onnxruntime does not fuse "
+                f"{node.name or node.op} into {reader.name or reader.op} now that the backward pass reads a recomputed copy",
+                {tags.ROLE_KEY: tags.ROLE_FENCE},
+            )
+            for i, t in enumerate(reader.inputs):
+                if t is tensor:
+                    reader.inputs[i] = fenced
+            before.setdefault(id(reader), []).append(fence)
+            fences.append(fence.name)
+        return fences
 
     def _schedule(self, tg: TrainingGraph, seg: Segment) -> _Schedule:
         """Where a segment's clones go and what they wait for.
@@ -308,6 +403,27 @@ class _Schedule:
     insert_at: gs.Node  # barrier and clones go right before this node
     moved: list[gs.Node]  # earlier readers (and dependents) that move after the clones
     notes: list[str]
+
+
+_MATMULS = frozenset({"MatMul", "FusedMatMul", "Gemm", "TransposeMatMul"})
+
+
+def _harmless_fusion(node: gs.Node, reader: gs.Node) -> bool:
+    """Fusions of ``node`` into ``reader`` that onnxruntime also makes when ``node`` has other readers.
+
+    ``MatmulTransposeFusion`` / ``GemmTransposeFusion`` (a Transpose into a matrix product) and
+    ``MatMulScaleFusion`` of a Mul/Div by a scalar *feeding* one: they keep the node for its other
+    readers, so the original graph was fused the same way. (A scale *after* a matrix product is
+    fused only when it is the product's single reader: that one is fenced.)
+    """
+    if reader.op == "PassThrough" and reader.domain == MS_DOMAIN:
+        return True  # no pattern fuses into a PassThrough (the pins of random ops are ones)
+    return reader.op in _MATMULS and node.op in ("Transpose", "Mul", "Div")
+
+
+def _output_edges(node: gs.Node) -> int:
+    """Input slots that read any output of ``node`` (onnxruntime's ``Node::GetOutputEdgesCount``)."""
+    return sum(1 for out in node.outputs for c in out.outputs for t in c.inputs if t is out)
 
 
 def _is_gradient(tg: TrainingGraph, t: gs.Tensor) -> bool:

@@ -2,11 +2,13 @@
 
 Every node the recompute rewrite adds carries:
 
-* a name: clones are ``<original node name>/remat``, barriers ``remat_barrier/<segment>``;
-  their output tensors are ``<original tensor>/remat`` and ``<gated tensor>/remat_gate/<segment>``.
+* a name: clones are ``<original node name>/remat``, barriers ``remat_barrier/<segment>``,
+  fusion fences ``remat_fence/<tensor>``, random-order pins ``remat_order/<random node>``; their
+  output tensors are ``<original tensor>/remat``, ``<gated tensor>/remat_gate/<segment>``,
+  ``<tensor>/remat_fence`` and ``<tensor>/remat_order/<random node>``.
   A node cloned again for another segment (the stages of ``--recompute-outputs``) gets
   ``<original>@<k>/remat`` for its k-th copy;
-* ``metadata_props``: ``onnx_remat.role`` (``clone`` or ``barrier``), ``onnx_remat.segment``
+* ``metadata_props``: ``onnx_remat.role`` (``clone``, ``barrier``, ``fence`` or ``pin``), ``onnx_remat.segment``
   (the segment label), and for clones ``onnx_remat.source`` (the original node's name);
 * a ``doc_string`` saying in words what it recomputes.
 
@@ -26,10 +28,16 @@ VERSION_KEY = "onnx_remat.version"
 
 ROLE_CLONE = "clone"
 ROLE_BARRIER = "barrier"
+ROLE_FENCE = "fence"
+ROLE_PIN = "pin"
 
 CLONE_SUFFIX = "/remat"
 BARRIER_PREFIX = "remat_barrier/"
 GATE_INFIX = "/remat_gate/"
+FENCE_PREFIX = "remat_fence/"
+FENCE_SUFFIX = "/remat_fence"
+PIN_PREFIX = "remat_order/"
+PIN_INFIX = "/remat_order/"
 
 
 def _copy(base: str, copy: int) -> str:
@@ -63,6 +71,36 @@ def barrier_name(segment: str) -> str:
 def gate_tensor_name(original: str, segment: str) -> str:
     """Name of the barrier output that passes ``original`` through to segment ``segment``."""
     return original + GATE_INFIX + segment
+
+
+def fence_name(tensor: str) -> str:
+    """Name of the fusion fence that passes ``tensor`` to its last forward reader."""
+    return FENCE_PREFIX + tensor
+
+
+def fence_tensor_name(tensor: str) -> str:
+    """Name of the fence's output."""
+    return tensor + FENCE_SUFFIX
+
+
+def is_fence_name(name: str) -> bool:
+    """True for a node name given by :func:`fence_name`."""
+    return name.startswith(FENCE_PREFIX)
+
+
+def pin_name(node: str) -> str:
+    """Name of the PassThrough that makes random op ``node`` wait for the one before it."""
+    return PIN_PREFIX + node
+
+
+def pin_tensor_name(tensor: str, node: str) -> str:
+    """Name of the pin's output that passes ``tensor`` to random op ``node``."""
+    return tensor + PIN_INFIX + node
+
+
+def is_pin_name(name: str) -> bool:
+    """True for a node name given by :func:`pin_name`."""
+    return name.startswith(PIN_PREFIX)
 
 
 def is_clone_name(name: str) -> bool:

@@ -186,6 +186,16 @@ def graph_view_of(applied, analysis: ModelAnalysis, *, focus: str | Iterable[str
     return _build(analysis, applied, expanded, before=before, max_run=max_run)
 
 
+def _served_node(proto, consumer_name: dict[str, str]) -> str:
+    """For a fence or a random-order pin the rewrite added: the forward node it feeds."""
+    name = proto.name
+    if tags.is_fence_name(name) and proto.output:
+        name = consumer_name.get(proto.output[0], "")
+    if tags.is_pin_name(name):
+        return name[len(tags.PIN_PREFIX):]
+    return name
+
+
 def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run: int) -> GraphView:
     tg = analysis.graph
     sizes = analysis.sizes
@@ -213,13 +223,17 @@ def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run:
         return "backward" if p.name in backward_names else "forward"
 
     kinds = [kind_of(p) for p in protos]
+    consumer_name: dict[str, str] = {}
+    for p in protos:
+        for t in p.input:
+            consumer_name.setdefault(t, p.name)
     units: list[str] = []
     for i, p in enumerate(protos):
         k = kinds[i]
         name = p.name
         unit = None
         if k == "forward":
-            unit = fwd_unit_by_name.get(name)
+            unit = fwd_unit_by_name.get(name) or fwd_unit_by_name.get(_served_node(p, consumer_name))
         elif k == "clone":
             unit = fwd_unit_by_name.get(tags.original_name(name))
         elif k == "barrier":

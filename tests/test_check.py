@@ -27,8 +27,8 @@ import os
 if os.environ.pop("ONNX_REMAT_TEST_FAULT", None) == "no-dropout-replay":
     import onnx_remat.recompute as _r
     _init = _r.RecomputeRewrite.__init__
-    def _faulty(self, *, barrier=True, replay_dropout=True):
-        _init(self, barrier=barrier, replay_dropout=False)
+    def _faulty(self, **kwargs):
+        _init(self, **dict(kwargs, replay_dropout=False))
     _r.RecomputeRewrite.__init__ = _faulty
 '''
 

@@ -56,8 +56,13 @@ def test_dropout_is_replayed_from_its_mask(result):
 
 
 def test_backward_reads_clones_and_forward_tensors_are_released(result):
-    readers = [n for n in result.model.graph.node if "/blocks.4/Softmax_output_0" in n.input]
-    assert [n.name for n in readers] == ["/blocks.4/drop/Dropout"]  # only the forward reader is left
+    softmax, dropout = "/blocks.4/Softmax_output_0", "/blocks.4/drop/Dropout"
+    readers = [n for n in result.model.graph.node if softmax in n.input]
+    # Only the forward reader is left: the Dropout, through the PassThrough that keeps the random
+    # ops in their original order (no fence needed: nothing fuses into a PassThrough).
+    assert [n.name for n in readers] == [tags.pin_name(dropout)]
+    pinned = [n.name for n in result.model.graph.node if tags.pin_tensor_name(softmax, dropout) in n.input]
+    assert pinned == [dropout]
     softmax_grad = next(n for n in result.model.graph.node if n.name == "/blocks.4/Softmax_Grad/SoftmaxGrad_13_0")
     assert "/blocks.4/Softmax_output_0/remat" in softmax_grad.input
 
@@ -98,6 +103,6 @@ def test_without_barrier_clones_read_the_originals():
     from onnx_remat.apply import plan
 
     naive = RecomputeRewrite(barrier=False)(analysis.graph, plan(analysis, scopes="Block"))
-    assert not any(n.op_type == "PassThrough" for n in naive.model.graph.node)
+    assert not any(tags.is_barrier_name(n.name) for n in naive.model.graph.node)
     div = next(n for n in naive.model.graph.node if n.name == "/blocks.4/Div/remat")
     assert div.input[0] == "/blocks.3/MatMul_1_output_0"
