@@ -1,9 +1,11 @@
 """Export the example models to onnxruntime-training artifacts.
 
     python -m models.export [NAME ...] [--out DIR]
+    python -m models.export --corpus [NAME ...] [--out DIR]
 
 writes, for each model (default: all of ``models.MODELS``), ``DIR/<name>/`` (default
-``models/artifacts/<name>/``) with ``training_model.onnx``, ``eval_model.onnx``,
+``models/artifacts/<name>/``; with ``--corpus``, the real architectures of :mod:`models.corpus`
+into ``.cache/corpus/<name>/``) with ``training_model.onnx``, ``eval_model.onnx``,
 ``optimizer_model.onnx`` (AdamW) and ``checkpoint``, made by
 ``onnxruntime.training.artifacts.generate_artifacts``.
 
@@ -46,8 +48,10 @@ from onnx_remat.exporters import export_for_training, trainable_parameter_names
 from onnx_remat.runtime.artifacts import ONNX_FILES, generate_training_artifacts
 
 from . import ARTIFACTS_DIR_NAME, MODELS, ModelSpec
+from .corpus import CORPUS
 
 DEFAULT_OUT = Path(__file__).resolve().parent / ARTIFACTS_DIR_NAME
+CORPUS_OUT = Path(__file__).resolve().parents[1] / ".cache" / "corpus"
 
 
 def export_onnx(spec: ModelSpec, module: torch.nn.Module | None = None) -> tuple[onnx.ModelProto, torch.nn.Module]:
@@ -115,21 +119,27 @@ def summary(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m models.export [NAME ...] [--out DIR]``."""
+    """Command line: ``python -m models.export [--corpus] [NAME ...] [--out DIR]``."""
     parser = argparse.ArgumentParser(
         prog="python -m models.export",
-        description="Export the example models to onnxruntime-training artifacts directories.",
+        description="Export the example models (or, with --corpus, the corpus of real architectures) "
+        "to onnxruntime-training artifacts directories.",
     )
-    parser.add_argument("names", nargs="*", metavar="NAME", help=f"models (default: all): {', '.join(MODELS)}")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: models/artifacts)")
+    parser.add_argument("names", nargs="*", metavar="NAME", help="models (default: all)")
+    parser.add_argument("--corpus", action="store_true",
+                        help=f"the corpus of real architectures (models/corpus.py): {', '.join(CORPUS)}")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"output folder (default: models/artifacts, or {CORPUS_OUT} with --corpus)")
     args = parser.parse_args(argv)
-    names = args.names or list(MODELS)
-    unknown = [n for n in names if n not in MODELS]
+    registry = CORPUS if args.corpus else MODELS
+    out = args.out or (CORPUS_OUT if args.corpus else DEFAULT_OUT)
+    names = args.names or list(registry)
+    unknown = [n for n in names if n not in registry]
     if unknown:
-        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(registry)}")
     for name in names:
         start = time.perf_counter()
-        path = export_artifacts(MODELS[name], args.out)
+        path = export_artifacts(registry[name], out)
         print(f"{name}: {path} ({time.perf_counter() - start:.1f} s): {summary(path)}", flush=True)
     return 0
 

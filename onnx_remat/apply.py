@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -23,8 +24,12 @@ from .model_io import TRAINING_MODEL, save_model, write_artifacts
 from .validity import check_runtime_support
 from .ort_optimizer import execution_order
 from .random_ops import is_random
-from .recompute import RecomputeRewrite, RewriteResult
-from .selection import Planner, RecomputePlan, Selection
+from .recompute import RecomputeRewrite, RewriteResult, check_not_rewritten
+from .selection import Planner, RecomputePlan, Selection, SkippedSegment
+from .units import format_bytes
+
+if TYPE_CHECKING:
+    from .estimate import MemoryEstimate
 
 
 @dataclass
@@ -41,6 +46,8 @@ class ApplyResult:
     rewrite: RewriteResult
     analysis: ModelAnalysis
     notes: list[str] = field(default_factory=list)
+    estimate_before: MemoryEstimate | None = None  # the original graph, when the peak was checked
+    estimate_after: MemoryEstimate | None = None  # the rewrite
 
     @property
     def released_bytes(self) -> int:
@@ -131,6 +138,7 @@ def apply(
     recompute_outputs: bool = False,
     dims: dict[str, int] | None = None,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
+    check_peak: bool = True,
 ) -> ApplyResult:
     """Recompute the selected activations of a training graph; returns an :class:`ApplyResult`.
 
@@ -138,19 +146,116 @@ def apply(
     Select with ``scopes`` (module paths, globs or class names, e.g. ``"Block"`` or
     ``"blocks.*"``), ``op_types`` (``"Softmax,Gelu"``) and/or ``nodes`` (node names);
     ``recompute_outputs`` merges adjacent recomputed scopes (MindSpore's ``output_recompute``).
-    ``dims`` binds symbolic dimensions for the memory figures. Nothing is written: call
-    :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input or
-    a selection that matches nothing.
+    ``dims`` binds symbolic dimensions for the memory figures.
+
+    With ``check_peak`` (the default) the planned peak of the original and of the rewrite are
+    estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before`` /
+    ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
+    until the rewrite's estimated peak is no higher than the original's. Nothing is written:
+    call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
+    a selection that matches nothing, or one of which nothing can be recomputed.
     """
+    from .estimate import check_dims
+
     analysis = analyze_model(model, eval_model=eval_model, dims=dims)
-    recompute_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
-    order = execution_order(analysis.model, analysis.sizes) if _has_random_ops(analysis) else None
-    rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+    check_not_rewritten(analysis.graph)
+    selection = dict(scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
+    notes: list[str] = []
+    before = None
+    if check_peak:
+        try:
+            check_dims(analysis)
+            before = _estimate(analysis.model, analysis.sizes.dims)
+        except RematError as exc:
+            notes.append(f"the planned peak was not checked: {exc}")
+    order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
+
+    dropped: dict[str, str] = {}
+    while True:
+        recompute_plan = plan(analysis, **selection)
+        if dropped:
+            recompute_plan.skipped += [SkippedSegment(label, why) for label, why in dropped.items()]
+            recompute_plan.segments = [s for s in recompute_plan.segments if s.label not in dropped]
+        if not recompute_plan.segments:
+            raise RematError(nothing_to_recompute(recompute_plan))
+        rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+        after = _estimate(rewrite.model, analysis.sizes.dims) if before is not None else None
+        if after is None or after.planned_peak_bytes <= before.planned_peak_bytes:
+            break
+        label = _culprit(after, rewrite)
+        dropped[label] = (
+            f"would raise the estimated planned peak by {format_bytes(after.planned_peak_bytes - before.planned_peak_bytes)}"
+            f" (to {format_bytes(after.planned_peak_bytes)})"
+        )
+        # The rewrite edited the analysis' graph: plan again from a fresh one.
+        analysis = analyze_model(analysis.source or analysis.model, eval_model=eval_model, dims=dims)
     check_runtime_support(rewrite.model, "rewritten model")
-    notes = []
     unknown = recompute_plan.unknown_sizes
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
         notes.append(f"{len(unknown)} tensors of unknown size are not counted in the bytes released{hint}")
-    return ApplyResult(model=rewrite.model, plan=recompute_plan, rewrite=rewrite, analysis=analysis, notes=notes)
+    return ApplyResult(model=rewrite.model, plan=recompute_plan, rewrite=rewrite, analysis=analysis, notes=notes,
+                       estimate_before=before, estimate_after=after)
+
+
+def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
+    """The one-line reason why a plan has no segment: each distinct reason once, with what it is about."""
+    groups: dict[str, list[str]] = {}
+    for s in recompute_plan.skipped:
+        groups.setdefault(s.reason, []).append(f"segment {s.label}")
+    for note in recompute_plan.notes:
+        if "nothing to recompute" not in note and "no stored activation" not in note:
+            continue
+        what, _, why = note.partition(": ")
+        groups.setdefault(why, []).append(what)
+    parts = []
+    for why, whats in groups.items():
+        who = whats[0] if len(whats) == 1 else f"{len(whats)} {whats[0].split()[0]}s ({_span(whats)})"
+        parts.append(f"{who}: {why}")
+    if not parts:
+        parts = ["the selection holds no activation the backward pass reads"]
+    return "nothing to recompute: " + "; ".join(parts)
+
+
+def _span(whats: list[str]) -> str:
+    names = [w.split(" ", 1)[-1] for w in whats]
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
+
+
+def _estimate(model: onnx.ModelProto, dims: dict[str, int]):
+    """The estimated memory of ``model`` (:class:`~onnx_remat.estimate.MemoryEstimate`)."""
+    from .estimate import estimate_graph
+    from .shapes import TensorSizes
+
+    est, _, _ = estimate_graph(model, TensorSizes(model, dims))
+    return est
+
+
+def _runtime_order(before, analysis: ModelAnalysis) -> list[str]:
+    """Node names in onnxruntime's (emulated) execution order of the original graph."""
+    if before is not None:
+        return list(before.order_names)
+    return execution_order(analysis.model, analysis.sizes)
+
+
+def _culprit(after, rewrite: RewriteResult) -> str:
+    """The segment whose recompute holds the most bytes at the rewrite's estimated peak."""
+    owner: dict[str, str] = {}
+    for seg in rewrite.segments:
+        for name in [seg.barrier or "", *seg.clones]:
+            owner[name] = seg.label
+    boundary: dict[str, list[str]] = {}
+    for seg in rewrite.segments:
+        for t in seg.segment.boundary:
+            boundary.setdefault(t.name, []).append(seg.label)
+    held: dict[str, int] = {}
+    for t in after.live_at_peak:
+        labels = [owner[t.producer]] if t.producer in owner else boundary.get(t.tensor, [])
+        for label in labels:
+            held[label] = held.get(label, 0) + t.bytes
+    if after.peak_node in owner:
+        held[owner[after.peak_node]] = held.get(owner[after.peak_node], 0) + 1
+    if held:
+        return max(held, key=lambda label: (held[label], label))
+    return rewrite.segments[-1].label

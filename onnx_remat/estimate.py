@@ -108,6 +108,7 @@ class MemoryEstimate:
     order_source: str
     runtime_rewrites: dict[str, int]
     matched_order_nodes: int | None = None  # with a given execution order: nodes matched by name
+    order_names: list[str] = field(default_factory=list, repr=False)  # the model's node names, in run order
 
     @property
     def peak_node(self) -> str:
@@ -290,6 +291,7 @@ def estimate_graph(
         order_source=source,
         runtime_rewrites=dict(rg.rewrites),
         matched_order_nodes=matched,
+        order_names=[name for i in order for name in rg.nodes[i].origin],  # type: ignore[union-attr]
     )
     return est, plan, rg
 

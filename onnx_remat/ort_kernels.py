@@ -35,6 +35,15 @@ ALIAS: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {
     (MS, "ZeroGradient"): ((0, 0),),
 }
 
+# (domain, op) -> inputs the kernel *writes* (an Alias whose output is a new value, not a view):
+# running statistics updated in place, gradient buffers accumulated into or zeroed.
+WRITES_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {
+    (MS, "BatchNormInternal"): (3, 4),
+    (MS, "InPlaceAccumulator"): (0,),
+    (MS, "InPlaceAccumulatorV2"): (0,),
+    (MS, "ZeroGradient"): (0,),
+}
+
 # (domain, op) -> (first input, first output)
 VARIADIC_ALIAS: dict[tuple[str, str], tuple[int, int]] = {
     (MS, "PassThrough"): (0, 0),
@@ -80,3 +89,8 @@ def alias_input(domain: str, op: str, output_index: int, n_inputs: int) -> int |
 def inplace_inputs(domain: str, op: str, output_index: int, n_inputs: int) -> list[int]:
     """Inputs whose buffer output ``output_index`` may take over (MayInplace), in declaration order."""
     return [i for i, o in MAY_INPLACE.get(op_key(domain, op), ()) if o == output_index and i < n_inputs]
+
+
+def written_inputs(domain: str, op: str) -> tuple[int, ...]:
+    """Inputs a node of this op overwrites in place (:data:`WRITES_INPUTS`)."""
+    return WRITES_INPUTS.get(op_key(domain, op), ())

@@ -32,10 +32,12 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
 from . import __version__, tags
+from .ort_kernels import written_inputs
 from .random_ops import is_random, is_replayable, replay_inputs
 from .selection import RecomputePlan, Segment
 from .training_graph import TrainingGraph, producer, unique_tensors
@@ -84,6 +86,18 @@ class RewriteResult:
         return sum(len(s.clones) for s in self.segments)
 
 
+def check_not_rewritten(tg: TrainingGraph) -> None:
+    """Raise :class:`RematError` if onnx-remat's rewrite already added nodes to this graph."""
+    from .errors import RematError
+
+    already = [n.name for n in tg.order if tags.is_added_name(n.name)]
+    if already:
+        raise RematError(
+            f"this graph was already rewritten by onnx-remat ({len(already)} recompute nodes, e.g. "
+            f"{already[0]!r}); apply onnx-remat to the original training graph"
+        )
+
+
 class RecomputeRewrite:
     """The recompute rewrite pass. ``RecomputeRewrite()(tg, plan)`` returns a :class:`RewriteResult`.
 
@@ -111,14 +125,7 @@ class RecomputeRewrite:
         """The graph has not been rewritten by onnx-remat before, and the plan has segments."""
         from .errors import RematError
 
-        already = [n.name for n in tg.order
-                   if tags.is_clone_name(n.name) or tags.is_barrier_name(n.name) or tags.is_fence_name(n.name)
-                   or tags.is_pin_name(n.name)]
-        if already:
-            raise RematError(
-                f"this graph was already rewritten by onnx-remat ({len(already)} recompute nodes, e.g. "
-                f"{already[0]!r}); apply onnx-remat to the original training graph"
-            )
+        check_not_rewritten(tg)
         if not plan.segments:
             raise RematError("nothing to recompute: " + "; ".join(s.reason for s in plan.skipped) if plan.skipped
                              else "nothing to recompute")
@@ -290,6 +297,8 @@ class RecomputeRewrite:
             return clone_of.get(t.name) or gate(t)
 
         clones: list[gs.Node] = []
+        scratch_nodes: list[gs.Node] = []
+        placed: list[gs.Node] = []  # clones and their scratch buffers, in order
         for index, node in enumerate(seg.recompute):
             copy = copies[id(node)] = copies.get(id(node), 0) + 1
             name = tags.clone_name(node.name, node.op, index, copy)
@@ -306,12 +315,17 @@ class RecomputeRewrite:
                     else gs.Variable.empty()
                     for o in node.outputs
                 ]
+                inputs = [source(t) for t in node.inputs]
+                for i in written_inputs(node.domain, node.op):
+                    if i < len(inputs) and inputs[i].name:
+                        # gated even when an initializer, so the scratch waits for the barrier too
+                        inputs[i] = self._scratch(tg, gate(node.inputs[i]), name, i, scratch_nodes)
                 clone = gs.Node(
                     op=node.op,
                     name=name,
                     domain=node.domain,
                     attrs=dict(node.attrs),
-                    inputs=[source(t) for t in node.inputs],
+                    inputs=inputs,
                     outputs=outputs,
                 )
                 what = f"recomputes {node.name or node.op}"
@@ -321,6 +335,9 @@ class RecomputeRewrite:
             metadata = dict(tg.mg.extras(node).metadata)
             metadata.update({tags.ROLE_KEY: tags.ROLE_CLONE, tags.SEGMENT_KEY: label, tags.SOURCE_KEY: node.name})
             tg.mg.set_extras(clone, f"onnx-remat clone: {what} for the backward pass (segment {label})", metadata)
+            placed.extend(scratch_nodes)
+            scratch_nodes.clear()
+            placed.append(clone)
             clones.append(clone)
 
         rewired = 0
@@ -349,7 +366,7 @@ class RecomputeRewrite:
                 {tags.ROLE_KEY: tags.ROLE_BARRIER, tags.SEGMENT_KEY: label},
             )
             added.append(barrier)
-        added.extend(clones)
+        added.extend(placed)
         rewritten = RewrittenSegment(
             segment=seg,
             label=label,
@@ -360,6 +377,20 @@ class RecomputeRewrite:
             rewired_inputs=rewired,
         )
         return added, rewritten
+
+    @staticmethod
+    def _scratch(tg: TrainingGraph, tensor: gs.Tensor, clone: str, index: int, out: list[gs.Node]) -> gs.Tensor:
+        """A fresh buffer shaped like ``tensor`` for an input the cloned kernel overwrites in place
+        (``BatchNormInternal``'s running statistics): the clone must not update the model's
+        statistics a second time. ``Mul(tensor, 0)``: the values are never read (training mode
+        normalizes with batch statistics)."""
+        zero = gs.Constant(f"{clone}/scratch_zero_{index}", np.zeros((), dtype=tensor.dtype or np.float32))
+        buf = gs.Variable(f"{clone}/scratch_{index}", dtype=tensor.dtype, shape=tensor.shape)
+        node = gs.Node(op="Mul", name=f"{clone}/scratch_{index}", inputs=[tensor, zero], outputs=[buf])
+        tg.mg.set_extras(node, f"onnx-remat: scratch buffer for input {index} of {clone}, which its kernel "
+                         "overwrites in place", {tags.ROLE_KEY: tags.ROLE_CLONE})
+        out.append(node)
+        return buf
 
     # -- postconditions ------------------------------------------------------------------------
 
@@ -418,6 +449,8 @@ def _harmless_fusion(node: gs.Node, reader: gs.Node) -> bool:
     """
     if reader.op == "PassThrough" and reader.domain == MS_DOMAIN:
         return True  # no pattern fuses into a PassThrough (the pins of random ops are ones)
+    if "Transpose" in (node.op, reader.op):
+        return True  # layout: the TransposeOptimizer's business, and a fence would stop its cancelling
     return reader.op in _MATMULS and node.op in ("Transpose", "Mul", "Div")
 
 

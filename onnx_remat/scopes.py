@@ -228,12 +228,27 @@ def _metadata_chain(metadata: dict[str, str]) -> list[tuple[str, str | None]] | 
     return chain
 
 
+# onnxruntime names the nodes its optimizer makes after a node they replace: ``<name>/LayerNormFusion/``,
+# ``<name>/MatMulScaleFusion/``, and ``<base>_token_<k>`` when a name is taken.
+_RUNTIME_SUFFIX = re.compile(r"(?:_token_\d+)?$")
+_FUSION_SUFFIX = re.compile(r"(?:/[A-Za-z0-9]+Fusion/)+$")
+
+
+def _exported_name(name: str) -> str:
+    """The exporter's node name inside a name onnxruntime's optimizer made from it."""
+    stripped = _FUSION_SUFFIX.sub("", _RUNTIME_SUFFIX.sub("", name))
+    return stripped or name
+
+
 def _name_chain(name: str) -> list[tuple[str, str | None]]:
     """[(module path, None)] from a TorchScript node name such as ``/blocks.0/attn/MatMul``.
 
     A component is the module's name relative to its parent (``attn``) or, for children of
     containers, its full path (``/layers.0/layers.0.0/conv1/Conv``): both give ``layers.0.0.conv1``.
+    Nodes onnxruntime fused keep the name they were made from, with a suffix that is dropped
+    (``/h.0/ln_1/Mul/LayerNormFusion/`` is in ``h.0.ln_1``).
     """
+    name = _exported_name(name)
     if not name.startswith("/"):
         return []
     parts = [p for p in name.split("/")[1:-1] if p]
@@ -310,11 +325,59 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
             scope = child
         scope.nodes.append(node)
         scope_of[id(node)] = scope
+    _place_runtime_nodes(tg, root, scope_of)
     root.class_name = root_class
     for scope in root.walk():
         scope.children.sort(key=lambda c: _natural_key(c.path))
     source = " + ".join(sorted(sources)) if sources else "none"
     return ScopeTree(root, scope_of, source)
+
+
+def _is_runtime_made(node: gs.Node) -> bool:
+    """A node whose name neither an exporter nor onnxblock gave: onnxruntime's optimizer made it
+    (``GPT2Gelu_token_3``, ``Gelu``) while building the training graph."""
+    name = node.name
+    return bool(name) and not name.startswith(("/", "onnx::", "node_")) and "/" not in name
+
+
+def _common_scope(scopes: list[Scope]) -> Scope | None:
+    """The innermost scope containing all of ``scopes``."""
+    chain = [scopes[0], *scopes[0].ancestors()]
+    depth = {id(s): k for k, s in enumerate(chain)}
+    best = 0
+    for s in scopes[1:]:
+        while id(s) not in depth:
+            if s.parent is None:
+                return None
+            s = s.parent
+        best = max(best, depth[id(s)])
+    return chain[best]
+
+
+def _place_runtime_nodes(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) -> None:
+    """Nodes onnxruntime made without a trace of their scope go to the innermost scope holding
+    all their scoped neighbours (the nodes they read from and feed), when there are two or more:
+    a GELU fused between two Linear layers of an MLP belongs to that MLP."""
+    for node in tg.forward_nodes:
+        if scope_of.get(id(node)) is not root or not _is_runtime_made(node):
+            continue
+        neighbours: dict[int, Scope] = {}
+        for t in node.inputs:
+            p = t.inputs[0] if t.inputs else None
+            if p is not None and tg.is_forward(p):
+                neighbours[id(p)] = scope_of.get(id(p), root)
+        for t in node.outputs:
+            for c in t.outputs:
+                if tg.is_forward(c):
+                    neighbours[id(c)] = scope_of.get(id(c), root)
+        scoped = [s for s in neighbours.values() if s is not root]
+        if len(scoped) < 2:
+            continue
+        home = _common_scope(scoped)
+        if home is not None and home is not root:
+            root.nodes.remove(node)
+            home.nodes.append(node)
+            scope_of[id(node)] = home
 
 
 def _root_class(metadata: dict[str, str]) -> str | None:

@@ -19,7 +19,9 @@ Semantics (following MindSpore and Paddle, see ../shared/seeds):
   group is recomputed in stages, one per scope, each from the group's stored inputs when the
   backward pass reaches that scope (:meth:`Planner._staged_group`).
 
-Never recomputed: random ops (their outputs stay stored; a ``Dropout`` *is* recomputed by
+Never recomputed: nodes reading a tensor another node overwrites in place (a gradient buffer, a
+running statistic), stored tensors next to a Transpose that onnxruntime may move (see
+:meth:`Planner._layout_free`), random ops (their outputs stay stored; a ``Dropout`` *is* recomputed by
 re-applying its stored mask, which reproduces its output exactly, as Paddle's
 ``preserve_rng_state`` does), nodes with subgraphs, and nodes whose inputs are all constants.
 A segment whose clones would not lower memory (the stored bytes it releases do not exceed the
@@ -31,15 +33,22 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from .errors import RematError
+from .ort_kernels import written_inputs
 from .scopes import ScopeTree
 from .random_ops import is_random, is_replayable
 from .shapes import TensorSizes
 from .training_graph import TrainingGraph, producer, unique_tensors
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+_TRANSPOSE_FUSING = frozenset({"MatMul", "FusedMatMul", "Gemm", "TransposeMatMul"})
+
+
+def _is_scalar_constant(t: gs.Tensor) -> bool:
+    return isinstance(t, gs.Constant) and int(np.prod(t.shape)) == 1
 
 
 @dataclass
@@ -150,17 +159,60 @@ class Planner:
         self.sizes = sizes
         self._stashed = {t.name for t in tg.stashed}
         self._graph_outputs = {t.name for t in tg.graph.outputs}
+        # Tensors some node overwrites in place, and by which node: a clone reading one would
+        # read the overwritten value.
+        self._written: dict[str, int] = {}
+        for n in tg.order:
+            for i in written_inputs(n.domain, n.op):
+                if i < len(n.inputs) and n.inputs[i].name:
+                    self._written[n.inputs[i].name] = id(n)
 
     # -- what may be cloned ------------------------------------------------------------------
 
     def cloneable(self, node: gs.Node) -> bool:
-        """Forward, deterministic (or replayable), no subgraph, not constant-only."""
+        """Forward, deterministic (or replayable), no subgraph, not constant-only, and reading no
+        tensor that another node overwrites in place (its own in-place outputs the rewrite sends
+        to scratch buffers)."""
         if self.tg.is_backward(node) or node.op in SUBGRAPH_OPS:
+            return False
+        if any(self._written.get(t.name, id(node)) != id(node) for t in node.inputs if t.name):
+            return False
+        if not self._layout_free(node):
             return False
         if is_random(node):
             return is_replayable(node)
         data_inputs = [t for t in node.inputs if t.name]
         return any(not isinstance(t, gs.Constant) for t in data_inputs)
+
+    def _layout_free(self, node: gs.Node) -> bool:
+        """False for a node whose stored output sits next to a Transpose that onnxruntime may move.
+
+        onnxruntime's TransposeOptimizer pushes Transposes through element-wise ops and cancels
+        them against each other, choosing by how many readers each tensor has. Moving a stored
+        tensor's backward readers to a clone changes those counts, and can change its choice: then
+        later element-wise ops and reductions run in another layout, and a weight gradient is
+        summed in another order (seen: a BatchNorm over a transposed sequence, 1e-16 off), or
+        Transposes it had cancelled stay and raise the peak. So a stored Transpose output, or a
+        stored tensor a Transpose reads, is recomputed only when that Transpose feeds nothing but
+        matrix products (into which it is fused whatever the readers), scalar scales or Transposes.
+        """
+        stored = [t for t in node.outputs if t.name in self._stashed]
+        if not stored:
+            return True
+        transposes = [node] if node.op == "Transpose" else []
+        transposes += [c for t in stored for c in t.outputs if c.op == "Transpose" and self.tg.is_forward(c)]
+        return all(self._fused_transpose(tr) for tr in transposes)
+
+    def _fused_transpose(self, node: gs.Node) -> bool:
+        """A forward Transpose whose forward readers are matrix products, scalar scales or Transposes."""
+        for t in node.outputs:
+            for c in t.outputs:
+                if self.tg.is_backward(c) or c.op in _TRANSPOSE_FUSING or c.op == "Transpose":
+                    continue
+                if c.op in ("Mul", "Div") and any(_is_scalar_constant(x) for x in c.inputs if x is not t):
+                    continue
+                return False
+        return True
 
     def _is_source(self, t: gs.Tensor) -> bool:
         """Graph inputs, initializers and omitted optional inputs: always available."""
@@ -232,7 +284,8 @@ class Planner:
             else:
                 staged = self._staged_group(label, [scopes[i] for i in g], nodes, notes)
             if not staged:
-                notes.append(f"scope {label}: no stored activation can be recomputed")
+                notes.append(f"scope {label}: no stored activation can be recomputed (none is read by the "
+                             "backward pass, or each is the scope's output, random, or next to a Transpose)")
             segments.extend(staged)
         return segments
 

@@ -116,3 +116,8 @@ def is_barrier_name(name: str) -> bool:
 def segment_of_name(name: str) -> str | None:
     """Segment label encoded in a barrier node name, else None."""
     return name[len(BARRIER_PREFIX):] if is_barrier_name(name) else None
+
+
+def is_added_name(name: str) -> bool:
+    """True for the name of any node the rewrite adds (clone, barrier, fence, pin)."""
+    return is_clone_name(name) or is_barrier_name(name) or is_fence_name(name) or is_pin_name(name)

@@ -61,3 +61,45 @@ def assert_one_line_error(proc, *fragments: str, code: int = 1) -> None:
     assert len(err.splitlines()) == 1, err
     for fragment in fragments:
         assert fragment in err, err
+
+
+CORPUS_CACHE = ROOT / ".cache" / "corpus"
+
+
+def _corpus_key() -> str:
+    """Changes when anything that shapes the corpus exports changes: sources and library versions."""
+    import hashlib
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    for rel in ("models/corpus.py", "models/__init__.py", "models/export.py", "onnx_remat/exporters.py",
+                "onnx_remat/runtime/artifacts.py"):
+        h.update((ROOT / rel).read_bytes())
+    for dist in ("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnxruntime-training-cpu"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=none".encode())
+    return h.hexdigest()[:16]
+
+
+@pytest.fixture(scope="session")
+def corpus():
+    """``corpus(name)``: the artifacts directory of corpus model ``name`` (models/corpus.py).
+
+    Exported on first use into ``.cache/corpus/<key>/`` and reused by later runs while the key
+    (export sources and library versions) is the same.
+    """
+    pytest.importorskip("transformers")
+    from models.corpus import CORPUS
+    from models.export import export_artifacts
+
+    cache = CORPUS_CACHE / _corpus_key()
+
+    def get(name: str) -> Path:
+        path = cache / name
+        if not (path / "training_model.onnx").is_file():
+            export_artifacts(CORPUS[name], cache)
+        return path
+
+    return get

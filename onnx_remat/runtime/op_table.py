@@ -9,7 +9,7 @@ inside ``LogSoftmaxGrad_13``) is tried as an op type in a one-node model that a 
 with optimizations off. onnxruntime answers "No Op registered for X" (default domain) or "X is
 not a registered function/op" (other domains) for an op it does not know, and something else
 (an input count out of range, say) for one it knows. Default-domain ops are tried at opsets
-7-21; ops that ONNX itself defines at an opset are left out there. ``--check`` compares the
+1-21; ops that ONNX itself defines at an opset are left out there. ``--check`` compares the
 committed table with what the installed onnxruntime says and exits 1 on a difference.
 
 The table lets analysis and rewrite judge a graph the way onnxruntime will (see
@@ -28,7 +28,7 @@ from onnx import TensorProto, helper
 
 from .session import import_onnxruntime
 
-MIN_OPSET, MAX_OPSET = 7, 21
+MIN_OPSET, MAX_OPSET = 1, 21
 DOMAINS = ("com.microsoft", "com.microsoft.nchwc", "org.pytorch.aten", "ai.onnx.ml", "ai.onnx.preview.training")
 TABLE = Path(__file__).resolve().parents[1] / "ort_ops.py"
 _IDENT = re.compile(rb"[A-Z][A-Za-z0-9_]{1,63}")
