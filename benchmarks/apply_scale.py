@@ -27,14 +27,14 @@ from benchmarks.synthetic import training_artifacts
 
 def _phases(model_dir: Path, out: Path) -> dict[str, float]:
     from onnx_remat import model_io
-    from onnx_remat.validity import check_runtime_support
-    from onnx_remat.apply import plan
-    from onnx_remat.gs_bridge import ModelGraph
-    from onnx_remat.recompute import RecomputeRewrite
-    from onnx_remat.analysis import ModelAnalysis
-    from onnx_remat.scopes import resolve_scopes
-    from onnx_remat.shapes import TensorSizes
-    from onnx_remat.training_graph import analyze
+    from onnx_remat.ortsim.registry import check_runtime_support
+    from onnx_remat.remat.apply import plan
+    from onnx_remat.graph.bridge import ModelGraph
+    from onnx_remat.remat.rewrite import RecomputeRewrite
+    from onnx_remat.analysis.model import ModelAnalysis
+    from onnx_remat.analysis.scopes import resolve_scopes
+    from onnx_remat.analysis.sizes import TensorSizes
+    from onnx_remat.analysis.regions import analyze
 
     t = {}
     s = time.perf_counter()

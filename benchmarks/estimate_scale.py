@@ -24,11 +24,11 @@ from pathlib import Path
 
 
 def _phases(path: Path) -> dict[str, float]:
-    from onnx_remat.analysis import analyze_model
-    from onnx_remat.contrib_shapes import infer_runtime_shapes
+    from onnx_remat.analysis.model import analyze_model
+    from onnx_remat.ortsim.shapes import infer_runtime_shapes
     from onnx_remat.estimate import _regions, _scope_rows, _scope_of_tensor, estimate_graph
-    from onnx_remat.liveness import plan_memory
-    from onnx_remat.ort_optimizer import optimize, runtime_graph
+    from onnx_remat.ortsim.planner import plan_memory
+    from onnx_remat.ortsim.optimizer import optimize, runtime_graph
 
     t: dict[str, float] = {}
     s = time.perf_counter()

@@ -10,7 +10,7 @@ from rich.table import Table
 import onnx_remat
 from onnx_remat.units import format_bytes, format_ratio
 
-from .common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
+from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
 
 
 @click.command("apply")
@@ -65,12 +65,12 @@ def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, outp
             summary["estimate"] = print_estimate(result)
     console.print(f"wrote {written}")
     if report is not None:
-        from onnx_remat.report import write_report
+        from onnx_remat.show.report import write_report
 
         console.print(f"wrote {write_report(result, report)}")
     if measure:
         from onnx_remat.runtime.compare import compare
-        from onnx_remat.runtime.report import print_comparison, progress_display
+        from onnx_remat.cli.tables import print_comparison, progress_display
 
         with progress_display(console) as progress:
             comparison = compare(model, written, dims=dims_from(dims) or None, progress=progress)

@@ -3,7 +3,7 @@
 Applies the rewrite in memory, measures the original and the rewritten graph, and compares the
 figures with a baseline file: verdict table, then PASSED/FAILED. Exit status 0 pass, 1 regression
 or gradient mismatch, 2 usage error (missing baseline, bad threshold), 3 environment problem
-(onnxruntime missing, no GPU). The work is :func:`onnx_remat.check.check`; this module parses,
+(onnxruntime missing, no GPU). The work is :func:`onnx_remat.runtime.gate.check`; this module parses,
 calls and prints.
 """
 
@@ -19,7 +19,7 @@ from rich.text import Text
 from onnx_remat.errors import UsageError
 from onnx_remat.units import format_bytes, parse_percent
 
-from .common import (
+from onnx_remat.cli.common import (
     console,
     err_console,
     json_safe,
@@ -130,8 +130,8 @@ def command(ctx, model, scopes, op_types, nodes, recompute_outputs, baseline, ma
       onnx-remat check models/artifacts/blocks10 --scope Block --baseline blocks10.json
       onnx-remat check model_dir --scope 'layers.*' --baseline b.json --check-time --max-time-increase 30%
     """
-    from onnx_remat.check import check
-    from onnx_remat.runtime.report import progress_display
+    from onnx_remat.runtime.gate import check
+    from onnx_remat.cli.tables import progress_display
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .common import console, err_console, json_safe, run_kwargs, run_options, write_json
+from onnx_remat.cli.common import console, err_console, json_safe, run_kwargs, run_options, write_json
 
 
 @click.command("compare")
@@ -37,7 +37,7 @@ def command(ctx, a, b, atol, rtol, json_out, **options):
       onnx-remat compare models/artifacts/blocks10 models/artifacts/blocks10_remat
     """
     from onnx_remat.runtime.compare import compare
-    from onnx_remat.runtime.report import print_comparison, progress_display, verdict
+    from onnx_remat.cli.tables import print_comparison, progress_display, verdict
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console

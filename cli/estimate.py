@@ -12,7 +12,7 @@ from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
 from onnx_remat.units import format_bytes, format_ratio
 
-from .common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
+from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
 
 
 def read_order(path: Path | None) -> list[str] | None:
@@ -78,7 +78,7 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
     )
     print_estimate(result, depth=depth, top=top)
     if plot_out is not None:
-        from onnx_remat.timeline import plot_timeline
+        from onnx_remat.show.timeline import plot_timeline
 
         written = plot_timeline(result, plot_out)
         console.print(f"wrote {written}")

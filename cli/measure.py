@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from .common import console, err_console, json_safe, model_argument, run_kwargs, run_options, write_json
+from onnx_remat.cli.common import console, err_console, json_safe, model_argument, run_kwargs, run_options, write_json
 
 
 @click.command("measure")
@@ -27,7 +27,7 @@ def command(model, json_out, **options):
       onnx-remat measure training_model.onnx --dim batch=8 --int-range input_ids=0:50257
     """
     from onnx_remat.runtime.measure import measure
-    from onnx_remat.runtime.report import progress_display, render_measurement
+    from onnx_remat.cli.tables import progress_display, render_measurement
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console

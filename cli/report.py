@@ -7,10 +7,10 @@ from pathlib import Path
 import click
 
 from onnx_remat.errors import RematError
-from onnx_remat.report import write_report
+from onnx_remat.show.report import write_report
 
-from .common import console, dims_from, dims_option, model_argument, selection_options
-from .estimate import read_order
+from onnx_remat.cli.common import console, dims_from, dims_option, model_argument, selection_options
+from onnx_remat.cli.estimate import read_order
 
 
 @click.command("report")

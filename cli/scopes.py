@@ -5,11 +5,11 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from onnx_remat.analysis import analyze_model
-from onnx_remat.scope_report import scope_report
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.analysis.scope_table import scope_report
 from onnx_remat.units import format_bytes
 
-from .common import console, dims_from, dims_option, json_option, model_argument, write_json
+from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, write_json
 
 
 @click.command("scopes")

@@ -7,9 +7,9 @@ from pathlib import Path
 import click
 
 from onnx_remat.errors import RematError
-from onnx_remat.viz import FORMATS, graph_view, graphviz_available, write_graph
+from onnx_remat.show.graph_view import FORMATS, graph_view, graphviz_available, write_graph
 
-from .common import console, dims_from, dims_option, model_argument, selection_options
+from onnx_remat.cli.common import console, dims_from, dims_option, model_argument, selection_options
 
 
 @click.command("viz")

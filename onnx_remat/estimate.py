@@ -8,12 +8,12 @@
 How (each step is a pass with its own module, all linear or n log n, no recursion):
 
 1. tensor shapes: onnx's inference, plus onnxruntime's contrib and gradient ops
-   (:mod:`onnx_remat.contrib_shapes`), ``dims`` binding symbolic dimensions;
+   (:mod:`onnx_remat.ortsim.shapes`), ``dims`` binding symbolic dimensions;
 2. the graph onnxruntime 1.19 actually runs on CPU: its level-1/level-2 rewrites that change
-   which tensors exist, emulated (:mod:`onnx_remat.ort_optimizer`);
-3. its DEFAULT execution order (:mod:`onnx_remat.exec_order`), or an order observed at run time
+   which tensors exist, emulated (:mod:`onnx_remat.ortsim.optimizer`);
+3. its DEFAULT execution order (:mod:`onnx_remat.ortsim.order`), or an order observed at run time
    (``execution_order=``: node names from a profile);
-4. its allocation planner and memory pattern, simulated (:mod:`onnx_remat.liveness`): the
+4. its allocation planner and memory pattern, simulated (:mod:`onnx_remat.ortsim.planner`): the
    *planned peak* is the block onnxruntime allocates for a step's activations (what
    ``onnx-remat measure`` reports as planned_peak_bytes), the *timeline* the bytes alive per step.
 
@@ -56,14 +56,14 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from . import tags
-from .analysis import ModelAnalysis, ModelLike, analyze_model
-from .contrib_shapes import infer_runtime_shapes
-from .errors import RematError
-from .exec_order import order_from_names
-from .liveness import MemoryPlan, plan_memory
-from .ort_optimizer import RuntimeGraph, optimize, runtime_graph
-from .shapes import TensorSizes
+from onnx_remat.graph import tags
+from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
+from onnx_remat.ortsim.shapes import infer_runtime_shapes
+from onnx_remat.errors import RematError
+from onnx_remat.ortsim.order import order_from_names
+from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
+from onnx_remat.ortsim.optimizer import RuntimeGraph, optimize, runtime_graph
+from onnx_remat.analysis.sizes import TensorSizes
 
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
 DEFAULT_ORDER = "onnxruntime DEFAULT order (emulated)"
@@ -341,7 +341,7 @@ def check_dims(analysis: ModelAnalysis) -> None:
 
 
 def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate) -> list[ScopeMemory]:
-    from .scope_report import scope_report
+    from onnx_remat.analysis.scope_table import scope_report
 
     report = scope_report(analysis)
     live_by_scope: dict[str, int] = {}
@@ -382,7 +382,7 @@ def estimate(
 
     ``model``: a training graph file, an artifacts directory, an ``onnx.ModelProto`` or a
     :class:`ModelAnalysis` (then ``dims`` must already be in it). ``scopes`` / ``op_types`` /
-    ``nodes`` / ``recompute_outputs`` select what to recompute, as :func:`onnx_remat.apply` takes
+    ``nodes`` / ``recompute_outputs`` select what to recompute, as :func:`onnx_remat.remat.apply` takes
     them; without a selection only ``before`` is estimated. ``dims`` binds symbolic dimensions
     (``{"batch": 8}``). ``execution_order`` / ``after_execution_order``: node names in the order
     onnxruntime ran them (e.g. from a profile) instead of the emulated DEFAULT order.
@@ -409,7 +409,7 @@ def estimate(
     if scope_table:
         result.scopes = _scope_rows(analysis, before)
     if has_selection:
-        from .apply import apply
+        from onnx_remat.remat.apply import apply
 
         source = analysis.source if analysis.source is not None else analysis.model
         applied = apply(source, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs,
@@ -486,7 +486,7 @@ def _add_notes(result: EstimateResult) -> None:
 
 
 def _mib(n: int) -> str:
-    from .units import format_bytes
+    from onnx_remat.units import format_bytes
 
     return format_bytes(n)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from .errors import RematError
-from .validity import check_runtime_support
+from onnx_remat.errors import RematError
+from onnx_remat.ortsim.registry import check_runtime_support
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -86,7 +86,7 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
 
     Raises :class:`RematError` with one line naming the file when it is missing, not ONNX,
     truncated, refers to external data that is not there, or is a graph onnxruntime 1.19 would
-    refuse (:func:`onnx_remat.validity.check_runtime_support`).
+    refuse (:func:`onnx_remat.ortsim.registry.check_runtime_support`).
     """
     file, artifacts_dir = find_model_file(path)
     try:

@@ -1,4 +1,4 @@
-"""``onnx_remat.check`` and ``onnx-remat check``: the regression gate.
+"""``onnx_remat.runtime.gate`` and ``onnx-remat check``: the regression gate.
 
 On a small synthetic training graph (benchmarks/synthetic.py: 4 residual blocks with dropout,
 ~1.5 s per check): passes when nothing changed; fails (exit 1) when a model change raises the
@@ -25,7 +25,7 @@ BASELINES = ROOT / "models" / "baselines"
 SITECUSTOMIZE = '''
 import os
 if os.environ.pop("ONNX_REMAT_TEST_FAULT", None) == "no-dropout-replay":
-    import onnx_remat.recompute as _r
+    import onnx_remat.remat.rewrite as _r
     _init = _r.RecomputeRewrite.__init__
     def _faulty(self, **kwargs):
         _init(self, **dict(kwargs, replay_dropout=False))
@@ -34,10 +34,10 @@ if os.environ.pop("ONNX_REMAT_TEST_FAULT", None) == "no-dropout-replay":
 
 
 def wrong_apply(model, *, scopes=None, op_types=None, nodes=None, recompute_outputs=False, dims=None):
-    """onnx_remat.apply with a rewrite that re-runs Dropout instead of replaying its mask."""
-    from onnx_remat.analysis import analyze_model
-    from onnx_remat.apply import ApplyResult, plan
-    from onnx_remat.recompute import RecomputeRewrite
+    """onnx_remat.remat.apply with a rewrite that re-runs Dropout instead of replaying its mask."""
+    from onnx_remat.analysis.model import analyze_model
+    from onnx_remat.remat.apply import ApplyResult, plan
+    from onnx_remat.remat.rewrite import RecomputeRewrite
 
     analysis = analyze_model(model, dims=dims)
     p = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
@@ -63,7 +63,7 @@ def bigger_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def recorded(model_dir, tmp_path_factory) -> Path:
     """A baseline of ``model_dir`` recorded with the library."""
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
 
     path = tmp_path_factory.mktemp("check-baseline") / "baseline.json"
     v = check(model_dir, scopes=SCOPE, baseline=path, update=True)
@@ -100,7 +100,7 @@ def test_recorded_baseline_has_the_documented_fields(recorded, model_dir):
 
 
 def test_passes_when_nothing_changed(model_dir, baseline):
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
 
     v = check(model_dir, scopes=SCOPE, baseline=baseline)
     assert v.passed, [c.to_json() for c in v.failures]
@@ -114,14 +114,14 @@ def test_passes_when_nothing_changed(model_dir, baseline):
 
 
 def test_selection_defaults_to_the_baselines(model_dir, baseline):
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
 
     v = check(model_dir, baseline=baseline)
     assert v.selection["scopes"] == [SCOPE] and v.passed
 
 
 def test_wrong_rewrite_fails_on_gradients_and_is_not_recorded(model_dir, baseline, tmp_path):
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
 
     v = check(model_dir, scopes=SCOPE, baseline=baseline, apply_fn=wrong_apply)
     assert not v.passed
@@ -135,7 +135,7 @@ def test_wrong_rewrite_fails_on_gradients_and_is_not_recorded(model_dir, baselin
 
 
 def test_time_is_gated_only_with_check_time(model_dir, baseline):
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
 
     data = json.loads(baseline.read_text())
     data["figures"]["step_time_ratio"] = 0.01  # a recompute that once cost nothing
@@ -146,7 +146,7 @@ def test_time_is_gated_only_with_check_time(model_dir, baseline):
 
 
 def test_update_accepts_a_model_change(bigger_model_dir, baseline):
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
 
     before = json.loads(baseline.read_text())["figures"]["original_planned_peak_bytes"]
     v = check(bigger_model_dir, scopes=SCOPE, baseline=baseline, update=True)
@@ -159,7 +159,7 @@ def test_update_accepts_a_model_change(bigger_model_dir, baseline):
 
 @pytest.mark.parametrize("value", [-0.01, float("nan"), "abc"])
 def test_bad_thresholds_are_usage_errors(model_dir, baseline, value):
-    from onnx_remat.check import check
+    from onnx_remat.runtime.gate import check
     from onnx_remat.errors import UsageError
 
     with pytest.raises(UsageError):
@@ -255,7 +255,7 @@ def test_cli_cuda_without_gpu_exits_3(cli, model_dir, baseline):
 
 def test_every_model_has_a_committed_baseline():
     from models import MODELS
-    from onnx_remat.check import read_baseline
+    from onnx_remat.runtime.gate import read_baseline
 
     for name, spec in MODELS.items():
         data = read_baseline(BASELINES / f"{name}.json")

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 from models.corpus import CORPUS  # noqa: E402
 
 import onnx_remat  # noqa: E402
-from onnx_remat import tags  # noqa: E402
+from onnx_remat.graph import tags
 from onnx_remat.runtime.compare import compare  # noqa: E402
 
 NAMES = list(CORPUS)

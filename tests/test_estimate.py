@@ -11,13 +11,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import artifacts_dir
 from models import MODELS
-from onnx_remat.contrib_shapes import infer_runtime_shapes
+from onnx_remat.ortsim.shapes import infer_runtime_shapes
 from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
-from onnx_remat.exec_order import default_order, order_from_names, priority_order
-from onnx_remat.liveness import plan_memory
-from onnx_remat.ort_optimizer import optimize, runtime_graph
-from onnx_remat.shapes import TensorSizes
+from onnx_remat.ortsim.order import default_order, order_from_names, priority_order
+from onnx_remat.ortsim.planner import plan_memory
+from onnx_remat.ortsim.optimizer import optimize, runtime_graph
+from onnx_remat.analysis.sizes import TensorSizes
 
 NAMES = list(MODELS)
 # onnxruntime-training-cpu 1.19.2's planned activation peak (the memory-pattern block, largest arena

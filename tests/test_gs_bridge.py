@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from conftest import ARTIFACTS
 from onnx_remat.errors import RematError
-from onnx_remat.gs_bridge import ModelGraph
-from onnx_remat.topo import stable_toposort
+from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.graph.toposort import stable_toposort
 
 FILES = sorted(str(p.relative_to(ARTIFACTS)) for p in ARTIFACTS.glob("*/*_model.onnx"))
 

@@ -9,10 +9,10 @@ import pytest
 
 from conftest import artifacts_dir
 from onnx_remat import apply
-from onnx_remat.analysis import analyze_model
+from onnx_remat.analysis.model import analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.recompute import RecomputeRewrite
-from onnx_remat import tags
+from onnx_remat.remat.rewrite import RecomputeRewrite
+from onnx_remat.graph import tags
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_a_rewritten_graph_is_not_rewritten_again(tmp_path, result):
 
 def test_without_barrier_clones_read_the_originals():
     analysis = analyze_model(artifacts_dir("blocks10"))
-    from onnx_remat.apply import plan
+    from onnx_remat.remat.apply import plan
 
     naive = RecomputeRewrite(barrier=False)(analysis.graph, plan(analysis, scopes="Block"))
     assert not any(tags.is_barrier_name(n.name) for n in naive.model.graph.node)

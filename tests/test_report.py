@@ -11,7 +11,7 @@ import pytest
 
 import onnx_remat
 from conftest import artifacts_dir, assert_one_line_error
-from onnx_remat.report import write_report
+from onnx_remat.show.report import write_report
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 

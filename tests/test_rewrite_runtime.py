@@ -11,9 +11,9 @@ import pytest
 
 from conftest import artifacts_dir
 from onnx_remat import apply
-from onnx_remat.analysis import analyze_model
-from onnx_remat.apply import plan
-from onnx_remat.recompute import RecomputeRewrite
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.remat.apply import plan
+from onnx_remat.remat.rewrite import RecomputeRewrite
 from onnx_remat.runtime.compare import compare
 
 

@@ -10,12 +10,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 import onnx_remat  # noqa: E402
-from onnx_remat import tags  # noqa: E402
-from onnx_remat.analysis import analyze_model  # noqa: E402
-from onnx_remat.apply import plan  # noqa: E402
+from onnx_remat.graph import tags
+from onnx_remat.analysis.model import analyze_model  # noqa: E402
+from onnx_remat.remat.apply import plan  # noqa: E402
 from onnx_remat.errors import RematError  # noqa: E402
 from onnx_remat.model_io import write_artifacts  # noqa: E402
-from onnx_remat.recompute import RecomputeRewrite  # noqa: E402
+from onnx_remat.remat.rewrite import RecomputeRewrite  # noqa: E402
 from onnx_remat.runtime.compare import compare  # noqa: E402
 
 from regressions import ChannelNormNet, PostNormNet, TanhNormNet, make_artifacts  # noqa: E402
@@ -73,7 +73,7 @@ def test_transposes_next_to_elementwise_ops_stay_stored(tmp_path):
     if result is not None:
         assert compare(src, result.save(tmp_path / "remat"), steps=1, live=False).equal
     # The old behaviour: Transposes recomputed, not bit-identical.
-    import onnx_remat.selection as selection
+    import onnx_remat.remat.plan as selection
 
     planner = selection.Planner(analysis.graph, analysis.scopes, analysis.sizes)
     planner._layout_free = lambda node: True
@@ -101,7 +101,7 @@ def test_batchnorm_clones_leave_running_statistics_alone(tmp_path):
 
 def test_nodes_reading_an_overwritten_tensor_are_not_recomputed(synthetic_dir):
     analysis = analyze_model(synthetic_dir)
-    import onnx_remat.selection as selection
+    import onnx_remat.remat.plan as selection
 
     planner = selection.Planner(analysis.graph, analysis.scopes, analysis.sizes)
     some = next(n for n in analysis.graph.forward_nodes if n.op == "MatMul")

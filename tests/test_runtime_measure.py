@@ -87,7 +87,7 @@ def _naive_dropout_rewrite(path) -> onnx.ModelProto:
     """A deliberately wrong rewrite: each Dropout recomputed as a Dropout, which draws a new mask
     (the correct rewrite replays the stored mask)."""
     import onnx_remat
-    from onnx_remat.recompute import RecomputeRewrite
+    from onnx_remat.remat.rewrite import RecomputeRewrite
 
     analysis = onnx_remat.analyze_model(path)
     plan = onnx_remat.plan(analysis, op_types=["Dropout"])

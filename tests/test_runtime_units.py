@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat import tags
+from onnx_remat.graph import tags
 from onnx_remat.errors import EnvironmentProblem, RematError
 from onnx_remat.runtime import cuda
 from onnx_remat.runtime.compare import compare_outputs, max_abs_diff, outputs_equal

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import artifacts_dir
-from onnx_remat.analysis import analyze_model
+from onnx_remat.analysis.model import analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.scopes import Scope, _matches, _metadata_chain, _name_chain
+from onnx_remat.analysis.scopes import Scope, _matches, _metadata_chain, _name_chain
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from conftest import MiB, artifacts_dir
-from onnx_remat.analysis import analyze_model
-from onnx_remat.apply import plan
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.remat.apply import plan
 from onnx_remat.errors import RematError
 
 

@@ -1,6 +1,6 @@
 """Names of the nodes and tensors onnx-remat adds."""
 
-from onnx_remat import tags
+from onnx_remat.graph import tags
 
 
 def test_clone_names_and_their_originals():

@@ -6,10 +6,10 @@ import onnx
 import pytest
 
 from conftest import artifacts_dir
-from onnx_remat.analysis import analyze_model
+from onnx_remat.analysis.model import analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.gs_bridge import ModelGraph
-from onnx_remat.training_graph import GRADIENT_DOC, analyze
+from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.analysis.regions import GRADIENT_DOC, analyze
 
 
 @pytest.fixture(scope="module")

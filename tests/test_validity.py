@@ -1,4 +1,4 @@
-"""Validity is what onnxruntime-training 1.19 loads (onnx_remat.validity, onnx_remat.ort_ops)."""
+"""Validity is what onnxruntime-training 1.19 loads (onnx_remat.ortsim.registry, onnx_remat.ortsim.ops_table)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from conftest import artifacts_dir, assert_one_line_error
-from onnx_remat import ort_ops
+from onnx_remat.ortsim import ops_table as ort_ops
 from onnx_remat.errors import RematError
 from onnx_remat.model_io import load_model
-from onnx_remat.validity import check_runtime_support, runtime_only
+from onnx_remat.ortsim.registry import check_runtime_support, runtime_only
 
 
 def _model(nodes, *, opset=17, ir=8, extra_imports=(), inputs=("x",), outputs=("y",)) -> onnx.ModelProto:

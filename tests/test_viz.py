@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import artifacts_dir, assert_one_line_error
-from onnx_remat.viz import graph_view, to_dot, write_graph
+from onnx_remat.show.graph_view import graph_view, to_dot, write_graph
 
 needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (apt-get install graphviz)")
 

@@ -13,7 +13,7 @@ and repairs what it writes so that onnxruntime-training 1.19 itself loads all of
 * the gradient builder's C++ INFO log (one line per graph transformer, whatever the log
   severity) is kept off the terminal and shown only when generation fails.
 
-Every file written is checked with :func:`onnx_remat.validity.check_runtime_support`.
+Every file written is checked with :func:`onnx_remat.ortsim.registry.check_runtime_support`.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import onnx
 
-from ..errors import RematError
-from ..exporters import fix_eval_model
-from ..validity import check_runtime_support
+from onnx_remat.errors import RematError
+from onnx_remat.exporters import fix_eval_model
+from onnx_remat.ortsim.registry import check_runtime_support
 
 ONNX_FILES = ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx")
 LOSSES = ("mse", "cross_entropy", "mean")
@@ -95,7 +95,7 @@ def generate_training_artifacts(
     a member of ``onnxruntime.training.artifacts.OptimType``. ``requires_grad``: the trainable
     parameters (:func:`onnx_remat.exporters.trainable_parameter_names`). Returns ``out_dir``.
     """
-    from .session import import_onnxruntime
+    from onnx_remat.runtime.session import import_onnxruntime
 
     ort = import_onnxruntime(block_torch=False)
     from onnxruntime.training import artifacts

@@ -46,9 +46,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from ..errors import RematError
-from .inputs import check_same_inputs, classify_inputs, prepare_feeds
-from .measure import (
+from onnx_remat.errors import RematError
+from onnx_remat.runtime.inputs import check_same_inputs, classify_inputs, prepare_feeds
+from onnx_remat.runtime.measure import (
     Measurement,
     ProgressCallback,
     _check_checkpoint,

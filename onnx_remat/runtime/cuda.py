@@ -29,7 +29,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ..errors import EnvironmentProblem
+from onnx_remat.errors import EnvironmentProblem
 
 CUDA_DISTRIBUTION = "onnxruntime-training"
 CPU_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime", "onnxruntime-gpu")

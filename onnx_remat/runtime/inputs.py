@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..errors import RematError
+from onnx_remat.errors import RematError
 
 BUFFER_SUFFIX = "_grad.accumulation.buffer"
 RESET_FLAG = "lazy_reset_grad"
@@ -295,7 +295,7 @@ def infer_int_ranges(
         if name in constants:
             return tuple(constants[name].dims)
         if sizes is None:
-            from ..shapes import TensorSizes
+            from onnx_remat.analysis.sizes import TensorSizes
 
             sizes = TensorSizes(model, dims=dict(dims or {}))
         return sizes.shape(name)

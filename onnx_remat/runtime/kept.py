@@ -6,7 +6,7 @@ before the backward pass needs it. Both undo the saving without any error. This 
 from files one measured session writes (:mod:`.worker`):
 
 * the optimized graph (``SessionOptions.optimized_model_filepath``): how many clone and barrier
-  nodes (named as :mod:`onnx_remat.tags` says) survived, against how many the input file has;
+  nodes (named as :mod:`onnx_remat.graph.tags` says) survived, against how many the input file has;
 * the profile of the first step (``enable_profiling``): the real execution order. For each segment
   of the model's ``onnx_remat.plan`` metadata, whether its clones ran after the node producing its
   trigger tensor (so: in the backward pass, when the segment's gradients arrive), and whether they
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import onnx
 
-from .. import tags
+from onnx_remat.graph import tags
 
 _KERNEL_SUFFIX = "_kernel_time"
 _CLONE_INFIX = tags.CLONE_SUFFIX + "/"
@@ -47,7 +47,7 @@ def clone_of(name: str) -> str | None:
 
 
 def _is_forward_name(name: str) -> bool:
-    from ..training_graph import is_gradient_node_name
+    from onnx_remat.analysis.regions import is_gradient_node_name
 
     return not (is_gradient_node_name(name) or clone_of(name) or tags.is_barrier_name(name))
 
@@ -62,9 +62,9 @@ def backward_node_names(model: onnx.ModelProto) -> set[str] | None:
     """
     from collections import deque
 
-    from ..errors import RematError
-    from ..gs_bridge import ModelGraph
-    from ..training_graph import analyze
+    from onnx_remat.errors import RematError
+    from onnx_remat.graph.bridge import ModelGraph
+    from onnx_remat.analysis.regions import analyze
 
     try:
         tg = analyze(ModelGraph(model))

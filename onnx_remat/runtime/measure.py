@@ -87,11 +87,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from ..errors import EnvironmentProblem, RematError, UsageError
-from ..model_io import load_model, save_model
-from .inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
-from .kept import RewriteCheck, check_rewrite
-from .memory import LIVE_MALLOC_ENV
+from onnx_remat.errors import EnvironmentProblem, RematError, UsageError
+from onnx_remat.model_io import load_model, save_model
+from onnx_remat.runtime.inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
+from onnx_remat.runtime.kept import RewriteCheck, check_rewrite
+from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
 
 DEVICES = ("cpu", "cuda")
 KEEP_ENV = "ONNX_REMAT_KEEP_WORKDIR"  # set to 1 to keep the worker's files (logs, profile) for a look
@@ -220,7 +220,7 @@ def _validate(device: str, steps: int, warmup: int) -> None:
     if warmup < 1:
         raise UsageError(f"warmup must be at least 1 (the first step is the profiled one), got {warmup}")
     if device == "cuda":
-        from .cuda import check_cuda_ready
+        from onnx_remat.runtime.cuda import check_cuda_ready
 
         check_cuda_ready()
 
@@ -236,7 +236,7 @@ def worker_env(device: str, extra: Mapping[str, str] | None = None) -> dict[str,
     """The environment a worker starts with: the CUDA libraries on LD_LIBRARY_PATH for ``cuda``,
     this package importable, and ``extra`` on top."""
     if device == "cuda":
-        from .cuda import worker_environment
+        from onnx_remat.runtime.cuda import worker_environment
 
         env = worker_environment()
     else:

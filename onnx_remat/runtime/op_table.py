@@ -1,4 +1,4 @@
-"""Generate :mod:`onnx_remat.ort_ops`: which ops the installed onnxruntime registers beyond ONNX.
+"""Generate :mod:`onnx_remat.ortsim.ops_table`: which ops the installed onnxruntime registers beyond ONNX.
 
     python -m onnx_remat.runtime.op_table [--check]
 
@@ -13,7 +13,7 @@ not a registered function/op" (other domains) for an op it does not know, and so
 committed table with what the installed onnxruntime says and exits 1 on a difference.
 
 The table lets analysis and rewrite judge a graph the way onnxruntime will (see
-:mod:`onnx_remat.validity`) without starting a session.
+:mod:`onnx_remat.ortsim.registry`) without starting a session.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import onnx
 from onnx import TensorProto, helper
 
-from .session import import_onnxruntime
+from onnx_remat.runtime.session import import_onnxruntime
 
 MIN_OPSET, MAX_OPSET = 1, 21
 DOMAINS = ("com.microsoft", "com.microsoft.nchwc", "org.pytorch.aten", "ai.onnx.ml", "ai.onnx.preview.training")
@@ -98,12 +98,12 @@ def _ranges(opsets: list[int]) -> list[tuple[int, int]]:
 
 
 def render(onnx_domain: dict[str, list[int]], other: dict[str, list[str]], version: str) -> str:
-    """The source text of :mod:`onnx_remat.ort_ops`."""
+    """The source text of :mod:`onnx_remat.ortsim.ops_table`."""
     lines = [
         f'"""Ops onnxruntime {version} registers beyond the ONNX standard (generated; do not edit).',
         "",
         "Written by ``python -m onnx_remat.runtime.op_table`` from the installed onnxruntime: see that",
-        "module for how. :mod:`onnx_remat.validity` reads it.",
+        "module for how. :mod:`onnx_remat.ortsim.registry` reads it.",
         '"""',
         "",
         f'ONNXRUNTIME_VERSION = "{version}"',

@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..errors import EnvironmentProblem
+from onnx_remat.errors import EnvironmentProblem
 
 CPU_PROVIDER = "CPUExecutionProvider"
 CUDA_PROVIDER = "CUDAExecutionProvider"

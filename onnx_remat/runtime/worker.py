@@ -34,10 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import EnvironmentProblem, RematError
-from .inputs import load_arrays, save_arrays
-from .memory import Fd2Capture, RssPeak, parse_arena_log
-from .session import ARENA_NAMES, create_session, import_onnxruntime, register_env_arena, session_options
+from onnx_remat.errors import EnvironmentProblem, RematError
+from onnx_remat.runtime.inputs import load_arrays, save_arrays
+from onnx_remat.runtime.memory import Fd2Capture, RssPeak, parse_arena_log
+from onnx_remat.runtime.session import ARENA_NAMES, create_session, import_onnxruntime, register_env_arena, session_options
 
 
 def _one_line(exc: BaseException) -> str:
@@ -157,7 +157,7 @@ def to_device(ort, feeds: dict[str, np.ndarray], device: str) -> dict | None:
     try:
         return {name: ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0) for name, arr in feeds.items()}
     except Exception as exc:  # noqa: BLE001
-        from .cuda import provider_failure_message
+        from onnx_remat.runtime.cuda import provider_failure_message
 
         raise EnvironmentProblem(provider_failure_message("", os.environ, reason=_one_line(exc))) from None
 
@@ -186,7 +186,7 @@ def run_arena(spec: dict, emit) -> dict:
         emit("session", 0, 1, None)
 
         def explain() -> str:
-            from .cuda import provider_failure_message
+            from onnx_remat.runtime.cuda import provider_failure_message
 
             return provider_failure_message(capture.text(), os.environ)
 

@@ -1,6 +1,6 @@
 """Analysis pass: onnxruntime's activation memory plan for one training step, simulated.
 
-Input: a :class:`~onnx_remat.ort_optimizer.RuntimeGraph` (the graph onnxruntime runs) and an
+Input: a :class:`~onnx_remat.ortsim.optimizer.RuntimeGraph` (the graph onnxruntime runs) and an
 execution order of its nodes. Output: a :class:`MemoryPlan`: for every step the bytes of
 activations alive and the size of the planned block so far, the planned peak, and for every
 tensor where it lives.
@@ -10,7 +10,7 @@ It follows onnxruntime 1.19 (``core/framework/allocation_planner.cc``, ``mem_pat
 
 1. *Reuse plan.* Walking the order, each output of a node gets, in this order of preference:
    nothing if it is a graph output (the caller's buffer); its input's buffer if the kernel
-   aliases them (Reshape, Identity, PassThrough, ... see :mod:`onnx_remat.ort_kernels`) or may
+   aliases them (Reshape, Identity, PassThrough, ... see :mod:`onnx_remat.ortsim.kernels`) or may
    work in place on an input this node reads last with the same static shape; the buffer of a
    tensor freed earlier with exactly the same static shape and element size (most recently freed
    first); else a new buffer. Use counts decide when a buffer is free: it is free after its last
@@ -18,7 +18,7 @@ It follows onnxruntime 1.19 (``core/framework/allocation_planner.cc``, ``mem_pat
 2. *Release plan.* A buffer is released after the last node (in the order) that reads any tensor
    sharing it. A buffer nobody reads is never released within the step.
 3. *Memory pattern.* Buffers whose size is statically known (shapes onnxruntime infers; see
-   :mod:`onnx_remat.contrib_shapes`) are placed in one block: each allocation, rounded up to 256
+   :mod:`onnx_remat.ortsim.shapes`) are placed in one block: each allocation, rounded up to 256
    bytes, goes into the free gap that wastes least (lowest offset on ties), or at the end of the
    highest live block, extending the block. The block's final size is the *planned peak*: what
    onnxruntime allocates in one piece at the start of a step (``measure``'s planned_peak_bytes).
@@ -34,9 +34,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .ort_kernels import alias_input, inplace_inputs
-from .ort_optimizer import RuntimeGraph
-from .shapes import dtype_size
+from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
+from onnx_remat.ortsim.optimizer import RuntimeGraph
+from onnx_remat.analysis.sizes import dtype_size
 
 ALIGNMENT = 256
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import onnx_graphsurgeon as gs
 
-from .errors import RematError
+from onnx_remat.errors import RematError
 
 
 def stable_toposort(nodes: Sequence[gs.Node]) -> list[gs.Node]:

@@ -1,15 +1,15 @@
 """One self-contained HTML page about a recompute rewrite: the numbers, the timeline, the scopes, the graph.
 
 >>> import onnx_remat
->>> from onnx_remat.report import write_report
+>>> from onnx_remat.show.report import write_report
 >>> result = onnx_remat.apply("models/artifacts/blocks10", scopes=["Block"])
 >>> write_report(result, "blocks10.html")          # or write_report("models/artifacts/blocks10", "x.html", scopes=["Block"])
 
 The page holds, inline (no file or network access needed to view it): a summary table (estimated
 planned peak before and after, ratio, what was cloned, what onnxruntime's own rewrites did),
-the memory timeline (:mod:`onnx_remat.timeline`, inline SVG), the per-scope table (stored
+the memory timeline (:mod:`onnx_remat.show.timeline`, inline SVG), the per-scope table (stored
 activations, what recomputing each scope releases, what is alive at the peak), the segments, the
-largest tensors alive at each peak, and the graph of the rewritten region (:mod:`onnx_remat.viz`,
+largest tensors alive at each peak, and the graph of the rewritten region (:mod:`onnx_remat.show.graph_view`,
 inline SVG; without Graphviz the DOT text and a note). ``onnx-remat report`` and
 ``onnx-remat apply --report`` call :func:`write_report`.
 """
@@ -22,11 +22,11 @@ import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from . import __version__
-from .errors import RematError
-from .estimate import EstimateResult, MemoryEstimate, estimate, estimate_from_apply
-from .model_io import write_file
-from .units import format_bytes, format_ratio
+from onnx_remat import __version__
+from onnx_remat.errors import RematError
+from onnx_remat.estimate import EstimateResult, MemoryEstimate, estimate, estimate_from_apply
+from onnx_remat.model_io import write_file
+from onnx_remat.units import format_bytes, format_ratio
 
 _CSS = """
 body{font-family:Helvetica,Arial,sans-serif;margin:1.5em auto;max-width:1200px;color:#222;padding:0 1em}
@@ -179,11 +179,11 @@ def write_report(
     out = Path(path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise RematError(f"{out}: the report is an HTML page; give a .html path")
-    from .apply import ApplyResult
-    from .viz import graph_view, graph_view_of, graphviz_available, render, to_dot
+    from onnx_remat.remat.apply import ApplyResult
+    from onnx_remat.show.graph_view import graph_view, graph_view_of, graphviz_available, render, to_dot
 
     if isinstance(source, ApplyResult):
-        from .analysis import analyze_model
+        from onnx_remat.analysis.model import analyze_model
 
         src = source.analysis.source if source.analysis.source is not None else source.analysis.model
         fresh = analyze_model(src, dims=dict(source.analysis.sizes.dims))  # the ApplyResult's own was edited
@@ -196,7 +196,7 @@ def write_report(
         view = graph_view(source, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs,
                           focus=focus, expand=expand, dims=dims)
     try:
-        from .timeline import svg_text
+        from onnx_remat.show.timeline import svg_text
 
         timeline_svg = svg_text(est)
     except RematError:

@@ -1,9 +1,9 @@
 """What onnxruntime 1.19 does to a training graph before it plans memory, emulated.
 
 Input: an ``onnx.ModelProto`` (a training graph) and its tensor shapes
-(:class:`~onnx_remat.shapes.TensorSizes`). Output: a :class:`RuntimeGraph`: the nodes onnxruntime
+(:class:`~onnx_remat.analysis.sizes.TensorSizes`). Output: a :class:`RuntimeGraph`: the nodes onnxruntime
 would execute, each with the *node index* onnxruntime gives it, which is what its execution
-order depends on (:mod:`onnx_remat.exec_order`).
+order depends on (:mod:`onnx_remat.ortsim.order`).
 
 An ``InferenceSession`` (and the training ``Module``) with the default ``ORT_ENABLE_ALL`` level
 rewrites the graph on CPU before planning. These rewrites change which tensors exist and the order
@@ -41,8 +41,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .exec_order import default_order, priority_order
-from .shapes import TensorSizes
+from onnx_remat.ortsim.order import default_order, priority_order
+from onnx_remat.analysis.sizes import TensorSizes
 
 MS = "com.microsoft"
 RANDOM_OPS = frozenset(
@@ -804,7 +804,7 @@ def execution_order(model: onnx.ModelProto, sizes: TensorSizes) -> list[str]:
     A node fused into another is listed where the fused node runs; nodes removed without a
     replacement are left out. ``sizes`` is not changed.
     """
-    from .contrib_shapes import infer_runtime_shapes
+    from onnx_remat.ortsim.shapes import infer_runtime_shapes
 
     runtime_sizes = sizes.copy()
     infer_runtime_shapes(model, runtime_sizes)

@@ -2,13 +2,13 @@
 
 ``onnx.checker`` alone is the wrong judge for training graphs: onnxruntime registers ops of its
 own in the default domain (``LayerNormalization`` before opset 17, ``SimplifiedLayerNormalization``,
-``MaxPoolGrad``, ... see :mod:`onnx_remat.ort_ops`), its training optimizer writes them into every
+``MaxPoolGrad``, ... see :mod:`onnx_remat.ortsim.ops_table`), its training optimizer writes them into every
 ``training_model.onnx``, and the checker rejects them ("No Op registered for
 SimplifiedLayerNormalization with domain_version of 17"). :func:`check_runtime_support` checks
 
 1. the IR version and the default-domain opset against what onnxruntime 1.19 loads (<= 10, <= 21);
 2. every node's op against ONNX's schemas at the model's opset, onnxruntime's own ops
-   (:mod:`onnx_remat.ort_ops`) and the model's local functions, and that its domain is imported;
+   (:mod:`onnx_remat.ortsim.ops_table`) and the model's local functions, and that its domain is imported;
 3. everything else ``onnx.checker`` checks (graph structure, topological order, attributes of
    standard ops), on a copy in which onnxruntime's own default-domain nodes are moved to a domain
    the checker does not know, so that it skips them; the copy holds no tensor data.
@@ -22,8 +22,8 @@ import os
 
 import onnx
 
-from . import ort_ops
-from .errors import RematError
+from onnx_remat.ortsim import ops_table as ort_ops
+from onnx_remat.errors import RematError
 
 MAX_IR_VERSION = 10
 MAX_OPSET = 21

@@ -1,7 +1,7 @@
 """Ops onnxruntime 1.19.2 registers beyond the ONNX standard (generated; do not edit).
 
 Written by ``python -m onnx_remat.runtime.op_table`` from the installed onnxruntime: see that
-module for how. :mod:`onnx_remat.validity` reads it.
+module for how. :mod:`onnx_remat.ortsim.registry` reads it.
 """
 
 ONNXRUNTIME_VERSION = "1.19.2"

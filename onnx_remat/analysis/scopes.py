@@ -1,6 +1,6 @@
 """Analysis pass: the module scope of every forward node, as a tree, and pattern matching on it.
 
-Input: a :class:`~onnx_remat.training_graph.TrainingGraph` (and optionally the
+Input: a :class:`~onnx_remat.analysis.regions.TrainingGraph` (and optionally the
 ``eval_model.onnx`` beside it). Output: a :class:`ScopeTree`.
 
 A forward node's scope is the module path it was exported from, read from
@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
-from .errors import RematError
-from .training_graph import TrainingGraph
+from onnx_remat.errors import RematError
+from onnx_remat.analysis.regions import TrainingGraph
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY_KEY = "pkg.torch.onnx.class_hierarchy"

@@ -2,8 +2,8 @@
 
 :func:`analyze_model` loads the model (a file, an artifacts directory, a :class:`LoadedModel` or an
 ``onnx.ModelProto``) and runs the analysis passes: forward/backward split
-(:mod:`onnx_remat.training_graph`), scope tree (:mod:`onnx_remat.scopes`, with ``eval_model.onnx``
-from beside the training graph when there is one) and tensor sizes (:mod:`onnx_remat.shapes`).
+(:mod:`onnx_remat.analysis.regions`), scope tree (:mod:`onnx_remat.analysis.scopes`, with ``eval_model.onnx``
+from beside the training graph when there is one) and tensor sizes (:mod:`onnx_remat.analysis.sizes`).
 The commands ``apply``, ``scopes``, ``estimate`` and ``viz`` all start from it.
 """
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import onnx
 
-from .gs_bridge import ModelGraph
-from .model_io import LoadedModel, load_model
-from .validity import check_runtime_support
-from .scopes import ScopeTree, resolve_scopes
-from .shapes import TensorSizes
-from .training_graph import TrainingGraph, analyze
+from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.model_io import LoadedModel, load_model
+from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
+from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.analysis.regions import TrainingGraph, analyze
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
 

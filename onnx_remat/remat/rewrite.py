@@ -1,14 +1,14 @@
 """Rewrite pass: clone each segment's forward nodes into the backward pass, behind a barrier.
 
-Input: a :class:`~onnx_remat.training_graph.TrainingGraph` and a
-:class:`~onnx_remat.selection.RecomputePlan` built on it. Output: a :class:`RewriteResult` with a new
+Input: a :class:`~onnx_remat.analysis.regions.TrainingGraph` and a
+:class:`~onnx_remat.remat.plan.RecomputePlan` built on it. Output: a :class:`RewriteResult` with a new
 ``onnx.ModelProto``; the input ModelProto is not modified (the TrainingGraph's graphsurgeon graph
 is, so analyse again before rewriting again).
 
 For every segment the pass
 
 1. clones the segment's nodes (a training-mode ``Dropout`` becomes a replay from its stored mask,
-   see :mod:`onnx_remat.random_ops`) and points every backward reader of a target at its clone,
+   see :mod:`onnx_remat.remat.random_ops`) and points every backward reader of a target at its clone,
    so the original forward tensor is freed as soon as the forward pass is done with it;
 2. adds one *barrier*, ``com.microsoft::PassThrough``, whose inputs are every tensor the clones
    read from storage plus the *trigger* (the gradient tensors the segment's first backward reader
@@ -23,7 +23,7 @@ For every segment the pass
 Guarantees, checked after the rewrite (:meth:`RecomputeRewrite.ensures`): the node list is in
 topological order; no target is read by a backward node any more; every clone reads at least one
 barrier output or another clone of its segment; names of added nodes and tensors are unique.
-Clones and barriers are named and tagged as :mod:`onnx_remat.tags` describes.
+Clones and barriers are named and tagged as :mod:`onnx_remat.graph.tags` describes.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import __version__, tags
-from .ort_kernels import written_inputs
-from .random_ops import is_random, is_replayable, replay_inputs
-from .selection import RecomputePlan, Segment
-from .training_graph import TrainingGraph, producer, unique_tensors
+from onnx_remat import __version__
+from onnx_remat.graph import tags
+from onnx_remat.ortsim.kernels import written_inputs
+from onnx_remat.remat.random_ops import is_random, is_replayable, replay_inputs
+from onnx_remat.remat.plan import RecomputePlan, Segment
+from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
 
 MS_DOMAIN = "com.microsoft"
 
@@ -88,7 +89,7 @@ class RewriteResult:
 
 def check_not_rewritten(tg: TrainingGraph) -> None:
     """Raise :class:`RematError` if onnx-remat's rewrite already added nodes to this graph."""
-    from .errors import RematError
+    from onnx_remat.errors import RematError
 
     already = [n.name for n in tg.order if tags.is_added_name(n.name)]
     if already:
@@ -123,7 +124,7 @@ class RecomputeRewrite:
 
     def requires(self, tg: TrainingGraph, plan: RecomputePlan) -> None:
         """The graph has not been rewritten by onnx-remat before, and the plan has segments."""
-        from .errors import RematError
+        from onnx_remat.errors import RematError
 
         check_not_rewritten(tg)
         if not plan.segments:

@@ -1,7 +1,7 @@
 """Memory-over-time plots of a training step, before and after a recompute rewrite.
 
 >>> import onnx_remat
->>> from onnx_remat.timeline import plot_timeline
+>>> from onnx_remat.show.timeline import plot_timeline
 >>> plot_timeline(onnx_remat.estimate("models/artifacts/blocks10", scopes=["Block"]), "timeline.png")
 
 One figure: the bytes of activations alive at every execution step (one curve per graph), the
@@ -23,8 +23,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import EnvironmentProblem, RematError
-from .estimate import BACKWARD, FORWARD, RECOMPUTE, EstimateResult, MemoryEstimate, estimate
+from onnx_remat.errors import EnvironmentProblem, RematError
+from onnx_remat.estimate import BACKWARD, FORWARD, RECOMPUTE, EstimateResult, MemoryEstimate, estimate
 
 FORMATS = (".png", ".svg")
 MiB = 1024 * 1024

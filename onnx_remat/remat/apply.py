@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from .analysis import ModelAnalysis, ModelLike, analyze_model
-from .errors import RematError
-from .model_io import TRAINING_MODEL, save_model, write_artifacts
-from .validity import check_runtime_support
-from .ort_optimizer import execution_order
-from .random_ops import is_random
-from .recompute import RecomputeRewrite, RewriteResult, check_not_rewritten
-from .selection import Planner, RecomputePlan, Selection, SkippedSegment
-from .units import format_bytes
+from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
+from onnx_remat.errors import RematError
+from onnx_remat.model_io import TRAINING_MODEL, save_model, write_artifacts
+from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.ortsim.optimizer import execution_order
+from onnx_remat.remat.random_ops import is_random
+from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
+from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
+from onnx_remat.units import format_bytes
 
 if TYPE_CHECKING:
-    from .estimate import MemoryEstimate
+    from onnx_remat.estimate import MemoryEstimate
 
 
 @dataclass
@@ -155,7 +155,7 @@ def apply(
     call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
     a selection that matches nothing, or one of which nothing can be recomputed.
     """
-    from .estimate import check_dims
+    from onnx_remat.estimate import check_dims
 
     analysis = analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
@@ -225,8 +225,8 @@ def _span(whats: list[str]) -> str:
 
 def _estimate(model: onnx.ModelProto, dims: dict[str, int]):
     """The estimated memory of ``model`` (:class:`~onnx_remat.estimate.MemoryEstimate`)."""
-    from .estimate import estimate_graph
-    from .shapes import TensorSizes
+    from onnx_remat.estimate import estimate_graph
+    from onnx_remat.analysis.sizes import TensorSizes
 
     est, _, _ = estimate_graph(model, TensorSizes(model, dims))
     return est

@@ -1,6 +1,6 @@
 """Analysis pass: turn a user's selection into a recompute plan of segments.
 
-Input: a :class:`~onnx_remat.training_graph.TrainingGraph`, its :class:`~onnx_remat.scopes.ScopeTree`,
+Input: a :class:`~onnx_remat.analysis.regions.TrainingGraph`, its :class:`~onnx_remat.analysis.scopes.ScopeTree`,
 tensor sizes and a :class:`Selection`. Output: a :class:`RecomputePlan` whose segments say which
 forward nodes to clone, which stashed tensors the backward pass will read from the clones
 (*targets*), and which tensors the clones read from storage (*boundary*).
@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from .errors import RematError
-from .ort_kernels import written_inputs
-from .scopes import ScopeTree
-from .random_ops import is_random, is_replayable
-from .shapes import TensorSizes
-from .training_graph import TrainingGraph, producer, unique_tensors
+from onnx_remat.errors import RematError
+from onnx_remat.ortsim.kernels import written_inputs
+from onnx_remat.analysis.scopes import ScopeTree
+from onnx_remat.remat.random_ops import is_random, is_replayable
+from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _TRANSPOSE_FUSING = frozenset({"MatMul", "FusedMatMul", "Gemm", "TransposeMatMul"})

@@ -13,7 +13,7 @@ Measured on onnx-graphsurgeon 0.6.1, a plain ``import_onnx``/``export_onnx`` rou
 
 This module is the one place that works around all of that: :class:`ModelGraph` keeps the
 dropped per-node fields in a side table and :meth:`ModelGraph.to_model` puts them back; the
-iterative :func:`onnx_remat.topo.stable_toposort` replaces graphsurgeon's toposort. A round
+iterative :func:`onnx_remat.graph.toposort.stable_toposort` replaces graphsurgeon's toposort. A round
 trip without edits reproduces the input model byte for byte (tests/test_gs_bridge.py).
 """
 

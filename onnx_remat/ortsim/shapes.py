@@ -1,6 +1,6 @@
 """Analysis pass: output shapes of onnxruntime's contrib and gradient ops, and of what follows them.
 
-Input: an ``onnx.ModelProto`` and its :class:`~onnx_remat.shapes.TensorSizes`. Output: the
+Input: an ``onnx.ModelProto`` and its :class:`~onnx_remat.analysis.sizes.TensorSizes`. Output: the
 TensorSizes gains a value info for every node output whose shape this pass can infer
 (:func:`infer_runtime_shapes` returns how many and which stayed unknown).
 
@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .shapes import Dim, TensorSizes
+from onnx_remat.analysis.sizes import Dim, TensorSizes
 
 MS = "com.microsoft"
 Shape = tuple[Dim, ...]

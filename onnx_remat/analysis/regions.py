@@ -1,6 +1,6 @@
 """Analysis pass: split a training graph into its forward and backward regions.
 
-Input: a :class:`~onnx_remat.gs_bridge.ModelGraph` holding forward and gradient nodes, such as
+Input: a :class:`~onnx_remat.graph.bridge.ModelGraph` holding forward and gradient nodes, such as
 ``training_model.onnx`` from ``onnxruntime.training.artifacts.generate_artifacts``.
 Output: a :class:`TrainingGraph`, which says for every node whether it is forward or backward,
 which tensor is the loss, which inputs are trainable parameters, and which forward tensors the
@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from .errors import RematError
-from .gs_bridge import ModelGraph
-from .topo import stable_toposort
+from onnx_remat.errors import RematError
+from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.graph.toposort import stable_toposort
 
 GRADIENT_DOC = "Backward pass"
 ACCUMULATOR_OPS = frozenset({"InPlaceAccumulatorV2", "InPlaceAccumulator", "ZeroGradient"})

@@ -1,12 +1,12 @@
-"""``onnx_remat.check``: a regression gate for CI. Rewrite, measure, compare with a stored baseline.
+"""``onnx_remat.runtime.gate``: a regression gate for CI. Rewrite, measure, compare with a stored baseline.
 
->>> from onnx_remat.check import check
+>>> from onnx_remat.runtime.gate import check
 >>> v = check("models/artifacts/blocks10", scopes="Block", baseline="models/baselines/blocks10.json")
 >>> v.passed, [c.name for c in v.failures]
 
 ``onnx-remat check MODEL --scope PATTERN --baseline FILE`` is this function plus printing.
 
-What it does: applies the recompute rewrite in memory (:func:`onnx_remat.apply`), measures the
+What it does: applies the recompute rewrite in memory (:func:`onnx_remat.remat.apply`), measures the
 original and the rewritten graph with the same inputs, parameters and seed
 (:func:`onnx_remat.runtime.compare.compare`, each in fresh processes), and compares the figures
 with the baseline file. Gated (deterministic on a given onnxruntime build, so a CI machine gives
@@ -105,9 +105,9 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
-from .errors import RematError, UsageError
-from .model_io import write_file
+from onnx_remat import __version__
+from onnx_remat.errors import RematError, UsageError
+from onnx_remat.model_io import write_file
 
 BASELINE_SCHEMA = "onnx-remat-baseline/1"
 VERDICT_SCHEMA = "onnx-remat-check/1"
@@ -206,7 +206,7 @@ class Verdict:
 
 
 def _selection(scopes, op_types, nodes, recompute_outputs) -> dict:
-    from .apply import _as_list
+    from onnx_remat.remat.apply import _as_list
 
     node_list = list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes)
     return {"scopes": _as_list(scopes), "op_types": _as_list(op_types), "nodes": node_list,
@@ -414,7 +414,7 @@ def _describe(sel: dict) -> str:
 
 
 def _runtime_version() -> str | None:
-    from .runtime.cuda import installed_runtime
+    from onnx_remat.runtime.cuda import installed_runtime
 
     found = installed_runtime()
     return found[1] if found else None
@@ -449,14 +449,14 @@ def check(
     """Rewrite ``model``, measure original and rewrite, compare with the baseline; see the module docstring.
 
     ``model``: training graph file or artifacts directory. ``scopes``/``op_types``/
-    ``recompute_outputs`` as for :func:`onnx_remat.apply`; when none is given the baseline's
+    ``recompute_outputs`` as for :func:`onnx_remat.remat.apply`; when none is given the baseline's
     selection is used. Thresholds are fractions (0.02 = 2%). ``steps`` defaults to 1 (5 with
     ``check_time``). ``update`` writes the baseline from this run (not when gradients differ);
     the checks against the old baseline, if any, are still shown but do not fail the verdict.
-    ``apply_fn`` replaces :func:`onnx_remat.apply` (same keyword arguments, returns an
+    ``apply_fn`` replaces :func:`onnx_remat.remat.apply` (same keyword arguments, returns an
     ``ApplyResult``): a hook for tests that inject a faulty rewrite.
     """
-    from .runtime.compare import compare
+    from onnx_remat.runtime.compare import compare
 
     started = time.perf_counter()
     max_peak_increase = _validate_threshold("max_peak_increase", max_peak_increase)
@@ -466,7 +466,7 @@ def check(
     if steps < 1 or warmup < 1:
         raise UsageError(f"steps and warmup must be at least 1, got steps={steps}, warmup={warmup}")
     if device == "cuda":  # before anything slow: exit status 3 without a GPU or the CUDA build
-        from .runtime.cuda import check_cuda_ready
+        from onnx_remat.runtime.cuda import check_cuda_ready
 
         check_cuda_ready()
     baseline_path = Path(baseline)
@@ -565,6 +565,6 @@ def check(
 
 
 def _default_apply():
-    from .apply import apply
+    from onnx_remat.remat.apply import apply
 
     return apply

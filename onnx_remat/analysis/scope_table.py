@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .analysis import ModelAnalysis
-from .scopes import Scope
-from .selection import Planner
+from onnx_remat.analysis.model import ModelAnalysis
+from onnx_remat.analysis.scopes import Scope
+from onnx_remat.remat.plan import Planner
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """Pictures of a training graph and of what the recompute rewrite changes in it.
 
->>> from onnx_remat.viz import graph_view, write_graph
+>>> from onnx_remat.show.graph_view import graph_view, write_graph
 >>> view = graph_view("models/artifacts/blocks10", scopes=["Block"], expand=2)   # the rewritten graph
 >>> write_graph(view, "blocks10_after.svg")                                     # .dot, .svg, .png, .html
 
 Input: a training graph and, optionally, a selection to recompute (``scopes`` etc., as
-:func:`onnx_remat.apply` takes them). Output: a :class:`GraphView` (what to draw, already reduced
+:func:`onnx_remat.remat.apply` takes them). Output: a :class:`GraphView` (what to draw, already reduced
 to a size Graphviz can lay out) and its DOT text (:func:`to_dot`), rendered by Graphviz's ``dot``.
 
 What is drawn:
@@ -37,11 +37,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import tags
-from .analysis import ModelAnalysis, ModelLike, analyze_model
-from .errors import RematError
-from .model_io import write_file
-from .units import format_bytes
+from onnx_remat.graph import tags
+from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
+from onnx_remat.errors import RematError
+from onnx_remat.model_io import write_file
+from onnx_remat.units import format_bytes
 
 FORMATS = (".dot", ".svg", ".png", ".html")
 COLORS = {
@@ -143,7 +143,7 @@ def graph_view(
     first ``expand`` top-level scopes without a selection). Raises :class:`RematError` for
     patterns that match nothing.
     """
-    from .apply import _as_list, apply
+    from onnx_remat.remat.apply import _as_list, apply
 
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
     has_selection = bool(_as_list(scopes) or _as_list(op_types) or _as_list(nodes))
@@ -178,7 +178,7 @@ def graph_view_of(applied, analysis: ModelAnalysis, *, focus: str | Iterable[str
                   before: bool = False, max_run: int = 3) -> GraphView:
     """The view of an :class:`~onnx_remat.ApplyResult`'s rewrite; ``analysis`` is a fresh analysis
     of its input graph (the ApplyResult's own was edited by the rewrite)."""
-    from .apply import _as_list
+    from onnx_remat.remat.apply import _as_list
 
     patterns = _as_list(focus) or sorted({p for s in applied.rewrite.segments for p in s.segment.scopes},
                                          key=_natural_key)[: max(expand, 0)]
