@@ -27,14 +27,14 @@ from benchmarks.synthetic import training_artifacts
 
 def _phases(model_dir: Path, out: Path) -> dict[str, float]:
     from onnx_remat import model_io
-    from onnx_remat.ortsim.registry import check_runtime_support
-    from onnx_remat.remat.apply import plan
-    from onnx_remat.graph.bridge import ModelGraph
-    from onnx_remat.remat.rewrite import RecomputeRewrite
     from onnx_remat.analysis.model import ModelAnalysis
+    from onnx_remat.analysis.regions import analyze
     from onnx_remat.analysis.scopes import resolve_scopes
     from onnx_remat.analysis.sizes import TensorSizes
-    from onnx_remat.analysis.regions import analyze
+    from onnx_remat.graph.bridge import ModelGraph
+    from onnx_remat.ortsim.registry import check_runtime_support
+    from onnx_remat.remat.apply import plan
+    from onnx_remat.remat.rewrite import RecomputeRewrite
 
     t = {}
     s = time.perf_counter()
@@ -86,13 +86,26 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeat):
                 s = time.perf_counter()
                 subprocess.run(
-                    [str(cli), "apply", str(model_dir), "--scope", "blocks.*", "-o", str(work / "cli.onnx"), "--force", "-q"],
+                    [
+                        str(cli),
+                        "apply",
+                        str(model_dir),
+                        "--scope",
+                        "blocks.*",
+                        "-o",
+                        str(work / "cli.onnx"),
+                        "--force",
+                        "-q",
+                    ],
                     check=True,
                     capture_output=True,
                 )
                 cmd_times.append(time.perf_counter() - s)
             rows.append({"blocks": blocks, "nodes": nodes, "phases_s": best, "command_s": min(cmd_times)})
-            print(f"{blocks} blocks, {nodes} nodes: apply {best['total']:.2f} s, command {min(cmd_times):.2f} s", file=sys.stderr)
+            print(
+                f"{blocks} blocks, {nodes} nodes: apply {best['total']:.2f} s, command {min(cmd_times):.2f} s",
+                file=sys.stderr,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

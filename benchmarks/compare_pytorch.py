@@ -206,7 +206,7 @@ def stored_for_recompute(result) -> dict:
                 continue
             (masks if _is_mask(t) else other)[t.name] = sizes.nbytes(t.name)
     other = {k: v for k, v in other.items() if k not in masks}
-    known = lambda d: sum(v for v in d.values() if v is not None)  # noqa: E731
+    known = lambda d: sum(v for v in d.values() if v is not None)
     return {
         "dropout_masks": len(masks),
         "dropout_mask_bytes": known(masks),
@@ -235,7 +235,7 @@ def peak_breakdown(source, scope: str) -> dict | None:
     try:
         est = estimate(source, scopes=[scope], scope_table=False)
         rewritten = onnx_remat.apply(source, scopes=scope).model
-    except Exception:  # noqa: BLE001 - an optional explanation, never a reason to stop the run
+    except Exception:
         return None
     after = est.after
     if after is None:
@@ -248,8 +248,15 @@ def peak_breakdown(source, scope: str) -> dict | None:
             readers.setdefault(name, []).append(node.name)
         if node.op_type == "Dropout" and len(node.output) > 1:
             masks.add(node.output[1])
-    out = {"estimated_peak_bytes": after.planned_peak_bytes, "peak_node": after.peak_node, "stored_bytes": 0,
-           "stored_mask_bytes": 0, "recompute_bytes": 0, "backward_bytes": 0, "held_bytes": 0}
+    out = {
+        "estimated_peak_bytes": after.planned_peak_bytes,
+        "peak_node": after.peak_node,
+        "stored_bytes": 0,
+        "stored_mask_bytes": 0,
+        "recompute_bytes": 0,
+        "backward_bytes": 0,
+        "held_bytes": 0,
+    }
     for t in after.live_at_peak:
         if t.region == "forward":
             out["stored_bytes"] += t.bytes
@@ -280,7 +287,9 @@ class _Config:
     round_medians: list = field(default_factory=list)
 
 
-def _ort_configs(source, scope: str, *, inputs, steps: int, warmup: int, device: str) -> tuple[list[_Config], dict | None]:
+def _ort_configs(
+    source, scope: str, *, inputs, steps: int, warmup: int, device: str
+) -> tuple[list[_Config], dict | None]:
     """Rewrite, measure (planned + live peak, time) and check the gradients of each onnxruntime configuration."""
     import onnx_remat
     from onnx_remat.model_io import load_model
@@ -315,10 +324,18 @@ def _ort_configs(source, scope: str, *, inputs, steps: int, warmup: int, device:
             cfg.round_medians.append(m.step_time_s.median)
             if config != "baseline":
                 row.clones_kept = m.rewrite.clones_kept
-                c = compare(source, cfg.model, device=device, steps=1, warmup=1, inputs=inputs, checkpoint=checkpoint,
-                            live=False)
+                c = compare(
+                    source,
+                    cfg.model,
+                    device=device,
+                    steps=1,
+                    warmup=1,
+                    inputs=inputs,
+                    checkpoint=checkpoint,
+                    live=False,
+                )
                 row.gradients_identical = c.equal
-        except Exception as exc:  # noqa: BLE001 - one failed row does not end the run
+        except Exception as exc:
             row.error = f"{type(exc).__name__}: {exc}"
         row.wall_s = round(time.perf_counter() - t0, 2)
         configs.append(cfg)
@@ -329,8 +346,9 @@ def _ort_configs(source, scope: str, *, inputs, steps: int, warmup: int, device:
 def _ort_time(cfg: _Config, *, inputs, steps: int, warmup: int, device: str) -> None:
     from onnx_remat.runtime.measure import measure
 
-    m = measure(cfg.model, device=device, steps=steps, warmup=warmup, inputs=inputs, checkpoint=cfg.checkpoint,
-                live=False)
+    m = measure(
+        cfg.model, device=device, steps=steps, warmup=warmup, inputs=inputs, checkpoint=cfg.checkpoint, live=False
+    )
     cfg.samples.extend(m.step_time_s.samples)
     cfg.round_medians.append(m.step_time_s.median)
 
@@ -338,7 +356,9 @@ def _ort_time(cfg: _Config, *, inputs, steps: int, warmup: int, device: str) -> 
 # -- PyTorch rows --------------------------------------------------------------------------------
 
 
-def torch_worker(name: str, kind: str, checkpoint: bool, *, steps: int, warmup: int, device: str, threads: int = 2) -> dict:
+def torch_worker(
+    name: str, kind: str, checkpoint: bool, *, steps: int, warmup: int, device: str, threads: int = 2
+) -> dict:
     """Run :mod:`benchmarks.torch_step` in a fresh process; its result dict (RuntimeError if it failed)."""
     from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
 
@@ -346,8 +366,23 @@ def torch_worker(name: str, kind: str, checkpoint: bool, *, steps: int, warmup: 
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *[p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]])
     if kind == "live" and device == "cpu":
         env.update(LIVE_MALLOC_ENV)
-    cmd = [sys.executable, "-m", "benchmarks.torch_step", "--model", name, "--kind", kind, "--steps", str(steps),
-           "--warmup", str(warmup), "--device", device, "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.torch_step",
+        "--model",
+        name,
+        "--kind",
+        kind,
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+        "--device",
+        device,
+        "--threads",
+        str(threads),
+    ]
     if checkpoint:
         cmd.append("--checkpoint")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
@@ -378,7 +413,7 @@ def _torch_configs(name: str, *, steps: int, warmup: int, device: str) -> tuple[
             if config == "checkpoint":
                 block_inputs = live.get("block_input_bytes")
             _torch_time(cfg, steps=steps, warmup=warmup, device=device)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             row.error = f"{type(exc).__name__}: {exc}"
         row.wall_s = round(time.perf_counter() - t0, 2)
         configs.append(cfg)
@@ -394,15 +429,15 @@ def _torch_time(cfg: _Config, *, steps: int, warmup: int, device: str) -> None:
         cfg.row.loss = timed["loss"]
 
 
-def _measure_model(name: str | None, source, scope: str, *, inputs, steps: int, warmup: int, rounds: int,
-                   device: str, torch_rows: bool) -> tuple[list[Row], dict | None, dict]:
+def _measure_model(
+    name: str | None, source, scope: str, *, inputs, steps: int, warmup: int, rounds: int, device: str, torch_rows: bool
+) -> tuple[list[Row], dict | None, dict]:
     """Every configuration of one model: round 1 measures everything, rounds 2.. only step times,
     the configurations taking turns so a busy spell of the machine falls on all of them."""
     from onnx_remat.runtime.measure import StepTimes
 
     ort, stored = _ort_configs(source, scope, inputs=inputs, steps=steps, warmup=warmup, device=device)
-    pt, pt_stored = (_torch_configs(name, steps=steps, warmup=warmup, device=device) if torch_rows and name
-                     else ([], {}))
+    pt, pt_stored = _torch_configs(name, steps=steps, warmup=warmup, device=device) if torch_rows and name else ([], {})
     for k in range(2, rounds + 1):
         for cfg in ort + pt:
             if cfg.row.error:
@@ -412,10 +447,14 @@ def _measure_model(name: str | None, source, scope: str, *, inputs, steps: int, 
                     _ort_time(cfg, inputs=inputs, steps=steps, warmup=warmup, device=device)
                 else:
                     _torch_time(cfg, steps=steps, warmup=warmup, device=device)
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 cfg.row.error = f"round {k}: {type(exc).__name__}: {exc}"
-        _log(f"  round {k}/{rounds}: " + ", ".join(
-            f"{c.row.config} {_seconds(c.round_medians[-1] if c.round_medians else None)}" for c in ort + pt))
+        _log(
+            f"  round {k}/{rounds}: "
+            + ", ".join(
+                f"{c.row.config} {_seconds(c.round_medians[-1] if c.round_medians else None)}" for c in ort + pt
+            )
+        )
     for group in (ort, pt):
         if not group:
             continue
@@ -450,8 +489,9 @@ def _mib(n: int | float | None) -> str:
     return "?" if n is None else f"{n / MiB:.1f} MiB"
 
 
-def verdict(rows: dict[str, Row], stored: dict | None, torch_stored: dict | None,
-            breakdown: dict | None = None) -> dict:
+def verdict(
+    rows: dict[str, Row], stored: dict | None, torch_stored: dict | None, breakdown: dict | None = None
+) -> dict:
     """onnx-remat (per block) against PyTorch checkpointing: peak and time ratios, and why.
 
     ``{"peak", "time"}``: ``better`` / ``on par`` / ``short`` (ratios within 0.02 / 0.05 are on
@@ -470,44 +510,67 @@ def verdict(rows: dict[str, Row], stored: dict | None, torch_stored: dict | None
     why: list[str] = []
     reason = ""
     if a is not None and b is not None:
-        why.append(f"live peak onnx-remat {_mib(a)} vs PyTorch checkpoint {_mib(b)}"
-                   + (f" (baselines {_mib(base_ort.live_peak_bytes)} vs {_mib(base_pt.live_peak_bytes)})"
-                      if base_ort and base_pt and base_ort.live_peak_bytes and base_pt.live_peak_bytes else ""))
+        why.append(
+            f"live peak onnx-remat {_mib(a)} vs PyTorch checkpoint {_mib(b)}"
+            + (
+                f" (baselines {_mib(base_ort.live_peak_bytes)} vs {_mib(base_pt.live_peak_bytes)})"
+                if base_ort and base_pt and base_ort.live_peak_bytes and base_pt.live_peak_bytes
+                else ""
+            )
+        )
     if stored is not None:
-        what = (f"{n_masks} dropout masks ({_mib(masks)}) and {_mib(stored['other_bytes'])} of block inputs and outputs"
-                if n_masks else f"{_mib(stored['other_bytes'])} of block inputs and outputs (no dropout masks)")
-        why.append(f"onnx-remat keeps {_mib(stored['total_bytes'])} stored for its recompute: {what}"
-                   + (f"; PyTorch keeps {_mib(inputs_pt)} of block inputs" if inputs_pt is not None else "")
-                   + (" and re-draws the masks from the saved RNG state" if inputs_pt is not None and n_masks else ""))
+        what = (
+            f"{n_masks} dropout masks ({_mib(masks)}) and {_mib(stored['other_bytes'])} of block inputs and outputs"
+            if n_masks
+            else f"{_mib(stored['other_bytes'])} of block inputs and outputs (no dropout masks)"
+        )
+        why.append(
+            f"onnx-remat keeps {_mib(stored['total_bytes'])} stored for its recompute: {what}"
+            + (f"; PyTorch keeps {_mib(inputs_pt)} of block inputs" if inputs_pt is not None else "")
+            + (" and re-draws the masks from the saved RNG state" if inputs_pt is not None and n_masks else "")
+        )
     if breakdown is not None:
         work = breakdown["recompute_bytes"] + breakdown["backward_bytes"]
-        line = (f"at onnx-remat's planned peak (simulated: {_mib(breakdown['estimated_peak_bytes'])}): "
-                f"{_mib(breakdown['stored_bytes'])} stored from the forward pass "
-                f"({_mib(breakdown['stored_mask_bytes'])} of it masks), {_mib(work)} made by the recompute and "
-                "backward of the block being processed")
+        line = (
+            f"at onnx-remat's planned peak (simulated: {_mib(breakdown['estimated_peak_bytes'])}): "
+            f"{_mib(breakdown['stored_bytes'])} stored from the forward pass "
+            f"({_mib(breakdown['stored_mask_bytes'])} of it masks), {_mib(work)} made by the recompute and "
+            "backward of the block being processed"
+        )
         if breakdown.get("held_bytes"):
-            line += (f", {_mib(breakdown['held_bytes'])} of all that in buffers whose tensor's readers have all run "
-                     "(kept for a later tensor of the same shape: onnxruntime's buffer reuse)")
+            line += (
+                f", {_mib(breakdown['held_bytes'])} of all that in buffers whose tensor's readers have all run "
+                "(kept for a later tensor of the same shape: onnxruntime's buffer reuse)"
+            )
         if b is not None and inputs_pt is not None:
             line += f"; PyTorch's peak minus its stored block inputs: {_mib(b - inputs_pt)}"
         why.append(line)
     if peak == "short" and a is not None and b is not None:
         gap = a - b
         if a <= b * (1 + PEAK_TOLERANCE):
-            reason = (f"absolute peak on par or lower ({_mib(a)} vs {_mib(b)}); the ratio is higher because "
-                      "onnxruntime's own baseline is leaner")
+            reason = (
+                f"absolute peak on par or lower ({_mib(a)} vs {_mib(b)}); the ratio is higher because "
+                "onnxruntime's own baseline is leaner"
+            )
         elif masks and masks >= gap:
-            reason = (f"{n_masks} dropout masks kept for a bit-identical replay ({_mib(masks)}) cover the "
-                      f"{_mib(gap)} gap")
+            reason = (
+                f"{n_masks} dropout masks kept for a bit-identical replay ({_mib(masks)}) cover the {_mib(gap)} gap"
+            )
         elif breakdown is not None and inputs_pt is not None:
             work = breakdown["recompute_bytes"] + breakdown["backward_bytes"]
             held = breakdown.get("held_bytes") or 0
-            reason = (f"larger working set at the peak ({_mib(work)} vs at most {_mib(b - inputs_pt)} in PyTorch"
-                      + (f"; {_mib(held)} of onnx-remat's peak are buffers held for reuse" if held else "") + ")"
-                      + (f", plus {n_masks} dropout masks ({_mib(masks)})" if masks else ""))
+            reason = (
+                f"larger working set at the peak ({_mib(work)} vs at most {_mib(b - inputs_pt)} in PyTorch"
+                + (f"; {_mib(held)} of onnx-remat's peak are buffers held for reuse" if held else "")
+                + ")"
+                + (f", plus {n_masks} dropout masks ({_mib(masks)})" if masks else "")
+            )
         else:
-            reason = (f"{n_masks} dropout masks ({_mib(masks)}) explain part of the {_mib(gap)} gap" if masks
-                      else f"{_mib(gap)} gap not explained by stored tensors")
+            reason = (
+                f"{n_masks} dropout masks ({_mib(masks)}) explain part of the {_mib(gap)} gap"
+                if masks
+                else f"{_mib(gap)} gap not explained by stored tensors"
+            )
     elif peak == "better":
         reason = "lower peak ratio" + (f" despite {n_masks} dropout masks kept ({_mib(masks)})" if masks else "")
     elif peak == "on par":
@@ -547,7 +610,9 @@ def machine_info() -> dict:
         return None
 
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
     except OSError:
         head = ""
     import onnx_remat
@@ -589,12 +654,17 @@ def to_markdown(report: dict) -> str:
     lines = [
         f"# onnx-remat vs PyTorch checkpointing ({report['device']})",
         "",
-        f"{report['date']}; {m['cpu']}, {m['cores']} cores; torch {m['torch']}, onnxruntime-training {m['onnxruntime']}, "
+        f"{report['date']}; {m['cpu']}, {m['cores']} cores; torch {m['torch']}, "
+        f"onnxruntime-training {m['onnxruntime']}, "
         f"onnx-remat {m['onnx_remat']} (git {m['git_head']}). Each configuration in fresh processes: peaks after "
         f"{report['warmup']} warm-up step; step times: {report['steps']} timed steps x {rounds} round"
         f"{'s' if rounds != 1 else ''} (configurations taking turns), median of all. Load average "
         f"{m.get('loadavg_start')} at the start, {m.get('loadavg_end')} at the end"
-        + (" (a shared machine: step times are noisy, peaks are not)." if (m.get('loadavg_end') or [0])[0] > 0.5 * (m.get('cores') or 1) else "."),
+        + (
+            " (a shared machine: step times are noisy, peaks are not)."
+            if (m.get("loadavg_end") or [0])[0] > 0.5 * (m.get("cores") or 1)
+            else "."
+        ),
         "",
         f"Command: `{report['command']}`",
         "",
@@ -618,8 +688,11 @@ def to_markdown(report: dict) -> str:
         if ours is None:
             continue
         v = model.get("verdict") or {}
-        absolute = (f"{_mib(ours.get('live_peak_bytes'))} / {_mib(theirs.get('live_peak_bytes'))}" if theirs
-                    else _mib(ours.get("live_peak_bytes")))
+        absolute = (
+            f"{_mib(ours.get('live_peak_bytes'))} / {_mib(theirs.get('live_peak_bytes'))}"
+            if theirs
+            else _mib(ours.get("live_peak_bytes"))
+        )
         lines.append(
             f"| {model['name']} | {_x(ours.get('peak_ratio'))} [{_x(ours.get('planned_peak_ratio'))}] "
             f"| {_x(ours.get('time_ratio'))} "
@@ -646,7 +719,9 @@ def to_markdown(report: dict) -> str:
             grads = {True: "yes", False: "**NO**", None: "-"}[r.get("gradients_identical")]
             kept = f"{r['clones_kept']}/{r['clones']}" if r.get("clones") is not None else "-"
             planned = _mib(r.get("planned_peak_bytes")) if r["runtime"] == "onnxruntime" else "-"
-            pr = _x(r.get("peak_ratio")) + (f" [{_x(r.get('planned_peak_ratio'))}]" if r["runtime"] == "onnxruntime" else "")
+            pr = _x(r.get("peak_ratio")) + (
+                f" [{_x(r.get('planned_peak_ratio'))}]" if r["runtime"] == "onnxruntime" else ""
+            )
             st = r.get("step_time_s") or {}
             lines.append(
                 f"| {model['name']} | {r['runtime']} | {r['label']} | {planned} | {_mib(r.get('live_peak_bytes'))} "
@@ -664,7 +739,8 @@ def to_markdown(report: dict) -> str:
         "peak whose tensor's readers have all run, kept because onnxruntime's reuse plan gives the buffer to a later "
         "tensor of the same shape.",
         "",
-        "| model | onnx-remat: dropout masks | onnx-remat: other stored | PyTorch: block inputs | at onnx-remat's peak: "
+        "| model | onnx-remat: dropout masks | onnx-remat: other stored | PyTorch: block inputs "
+        "| at onnx-remat's peak: "
         "stored (masks) | at the peak: recompute + backward | at the peak: held for reuse | simulated / measured "
         "planned peak |",
         "|---|---|---|---|---|---|---|---|",
@@ -676,9 +752,16 @@ def to_markdown(report: dict) -> str:
             continue
         bd = model.get("peak_breakdown") or {}
         measured = next((r.get("planned_peak_bytes") for r in model["rows"] if r["config"] == "remat"), None)
-        at_peak = (f"{_mib(bd['stored_bytes'])} ({_mib(bd['stored_mask_bytes'])})",
-                   _mib(bd["recompute_bytes"] + bd["backward_bytes"]), _mib(bd.get("held_bytes")),
-                   f"{_mib(bd['estimated_peak_bytes'])} / {_mib(measured)}") if bd else ("-", "-", "-", "-")
+        at_peak = (
+            (
+                f"{_mib(bd['stored_bytes'])} ({_mib(bd['stored_mask_bytes'])})",
+                _mib(bd["recompute_bytes"] + bd["backward_bytes"]),
+                _mib(bd.get("held_bytes")),
+                f"{_mib(bd['estimated_peak_bytes'])} / {_mib(measured)}",
+            )
+            if bd
+            else ("-", "-", "-", "-")
+        )
         lines.append(
             f"| {model['name']} | {o['dropout_masks']} = {_mib(o['dropout_mask_bytes'])} | {_mib(o['other_bytes'])} "
             f"| {_mib(p.get('block_input_bytes')) if p else '-'} | {' | '.join(at_peak)} |"
@@ -755,19 +838,28 @@ def run(
         spec = MODELS[name] if name else None
         _log(f"{name or source} (scope {pattern})")
         rows, stored, pt_stored = _measure_model(
-            name, source, pattern, inputs=_example_feeds(spec) if spec else None, steps=steps, warmup=warmup,
-            rounds=rounds, device=device, torch_rows=torch_rows and spec is not None,
+            name,
+            source,
+            pattern,
+            inputs=_example_feeds(spec) if spec else None,
+            steps=steps,
+            warmup=warmup,
+            rounds=rounds,
+            device=device,
+            torch_rows=torch_rows and spec is not None,
         )
         has_pt = any(r.runtime == "pytorch" for r in rows)
-        report["models"].append({
-            "name": name or str(source),
-            "scope": pattern,
-            "source": kind,
-            "rows": [r.to_json() for r in rows],
-            "stored": {"onnx_remat": stored, "pytorch_checkpoint": pt_stored if has_pt else None},
-            "peak_breakdown": peak_breakdown(source, pattern),
-            "same_loss_expected": spec is not None and not _has_dropout(spec),
-        })
+        report["models"].append(
+            {
+                "name": name or str(source),
+                "scope": pattern,
+                "source": kind,
+                "rows": [r.to_json() for r in rows],
+                "stored": {"onnx_remat": stored, "pytorch_checkpoint": pt_stored if has_pt else None},
+                "peak_breakdown": peak_breakdown(source, pattern),
+                "same_loss_expected": spec is not None and not _has_dropout(spec),
+            }
+        )
     machine["loadavg_end"] = _loadavg()
     return finish(report)
 
@@ -780,8 +872,11 @@ def finish(report: dict) -> dict:
         rows = {r["config"]: Row(**r) for r in model["rows"]}
         st = model.get("stored") or {}
         has_pt = "checkpoint" in rows
-        model["verdict"] = (verdict(rows, st.get("onnx_remat"), st.get("pytorch_checkpoint"), model.get("peak_breakdown"))
-                            if has_pt else {"peak": None, "time": None, "reason": "onnxruntime only", "why": ""})
+        model["verdict"] = (
+            verdict(rows, st.get("onnx_remat"), st.get("pytorch_checkpoint"), model.get("peak_breakdown"))
+            if has_pt
+            else {"peak": None, "time": None, "reason": "onnxruntime only", "why": ""}
+        )
         if "same_loss_expected" not in model:  # a results file of an earlier version
             from models import MODELS
 
@@ -793,9 +888,17 @@ def finish(report: dict) -> dict:
                 f"inputs: onnxruntime {rows['baseline'].loss}, PyTorch {rows['eager'].loss}"
             )
         outs, rem = rows.get("remat_outputs"), rows.get("remat")
-        if outs and rem and outs.planned_peak_ratio and rem.planned_peak_ratio and outs.planned_peak_ratio > rem.planned_peak_ratio + 0.1:
-            merged.append(f"{model['name']} {_x(outs.planned_peak_ratio)} ({outs.segments} segment"
-                          f"{'s' if outs.segments != 1 else ''}; per block {_x(rem.planned_peak_ratio)})")
+        if (
+            outs
+            and rem
+            and outs.planned_peak_ratio
+            and rem.planned_peak_ratio
+            and outs.planned_peak_ratio > rem.planned_peak_ratio + 0.1
+        ):
+            merged.append(
+                f"{model['name']} {_x(outs.planned_peak_ratio)} ({outs.segments} segment"
+                f"{'s' if outs.segments != 1 else ''}; per block {_x(rem.planned_peak_ratio)})"
+            )
     if merged:
         report["notes"].append(
             "recompute outputs: in these models every block's output feeds the next block, so with "
@@ -811,19 +914,33 @@ def main(argv: list[str] | None = None) -> int:
         description="onnx-remat vs PyTorch checkpointing on the models in models/, one run, one machine.",
     )
     parser.add_argument("--models", nargs="*", metavar="NAME", help="models of models/ (default: all)")
-    parser.add_argument("--artifacts", nargs="*", default=[], metavar="DIR",
-                        help="artifacts directories or training graphs of your own (onnxruntime rows only)")
-    parser.add_argument("--scope", help="scope pattern for --artifacts (default: the block scope of the model of that name)")
+    parser.add_argument(
+        "--artifacts",
+        nargs="*",
+        default=[],
+        metavar="DIR",
+        help="artifacts directories or training graphs of your own (onnxruntime rows only)",
+    )
+    parser.add_argument(
+        "--scope", help="scope pattern for --artifacts (default: the block scope of the model of that name)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per configuration (default 5)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up steps before them (default 1)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of step-time runs, configurations taking turns (default 3; the first also "
-                             "measures the peaks)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of step-time runs, configurations taking turns (default 3; the first also measures the peaks)",
+    )
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for <device>.md and <device>.json")
     parser.add_argument("--no-pytorch", action="store_true", help="onnxruntime rows only")
-    parser.add_argument("--render", type=Path, metavar="JSON",
-                        help="measure nothing: rewrite <out>/<device>.md from a results JSON written earlier")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: rewrite <out>/<device>.md from a results JSON written earlier",
+    )
     args = parser.parse_args(argv)
     if args.render is not None:
         report = finish(json.loads(args.render.read_text()))
@@ -836,8 +953,17 @@ def main(argv: list[str] | None = None) -> int:
     models = args.models if args.models is not None else (None if not args.artifacts else [])
     command = "python -m benchmarks.compare_pytorch " + " ".join(sys.argv[1:] if argv is None else argv)
     t0 = time.perf_counter()
-    report = run(models, args.artifacts, scope=args.scope, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
-                 device=args.device, torch_rows=not args.no_pytorch, command=command.strip())
+    report = run(
+        models,
+        args.artifacts,
+        scope=args.scope,
+        steps=args.steps,
+        warmup=args.warmup,
+        rounds=args.rounds,
+        device=args.device,
+        torch_rows=not args.no_pytorch,
+        command=command.strip(),
+    )
     report["duration_s"] = round(time.perf_counter() - t0, 1)
     md = to_markdown(report)
     _write_atomic(args.out / f"{args.device}.json", json.dumps(report, indent=2) + "\n")

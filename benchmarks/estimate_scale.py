@@ -25,10 +25,10 @@ from pathlib import Path
 
 def _phases(path: Path) -> dict[str, float]:
     from onnx_remat.analysis.model import analyze_model
-    from onnx_remat.ortsim.shapes import infer_runtime_shapes
-    from onnx_remat.estimate import _regions, _scope_rows, _scope_of_tensor, estimate_graph
-    from onnx_remat.ortsim.planner import plan_memory
+    from onnx_remat.estimate import _regions, _scope_of_tensor, _scope_rows, estimate_graph
     from onnx_remat.ortsim.optimizer import optimize, runtime_graph
+    from onnx_remat.ortsim.planner import plan_memory
+    from onnx_remat.ortsim.shapes import infer_runtime_shapes
 
     t: dict[str, float] = {}
     s = time.perf_counter()
@@ -49,8 +49,9 @@ def _phases(path: Path) -> dict[str, float]:
     plan_memory(rg, order)
     t["memory plan"] = time.perf_counter() - s
     s = time.perf_counter()
-    est, _, _ = estimate_graph(analysis.model, analysis.sizes.copy(), regions=_regions(analysis),
-                               scope_of_tensor=_scope_of_tensor(analysis))
+    est, _, _ = estimate_graph(
+        analysis.model, analysis.sizes.copy(), regions=_regions(analysis), scope_of_tensor=_scope_of_tensor(analysis)
+    )
     _scope_rows(analysis, est)
     t["estimate_graph+scopes"] = time.perf_counter() - s
     t["nodes"] = len(analysis.graph.order)
@@ -74,21 +75,25 @@ def run(paths: list[tuple[str, Path]], repeat: int) -> list[dict]:
     rows = []
     for label, path in paths:
         phases = _phases(path)
-        total, _ = _timed(lambda: estimate(path), repeat)
-        with_rewrite, est = _timed(lambda: estimate(path, scopes=["blocks.*"]), 1) if label.startswith("synthetic") \
+        total, _ = _timed(lambda path=path: estimate(path), repeat)
+        with_rewrite, _ = (
+            _timed(lambda path=path: estimate(path, scopes=["blocks.*"]), 1)
+            if label.startswith("synthetic")
             else (None, None)
+        )
         cli = [sys.executable, "-m", "onnx_remat.cli.main", "estimate", str(path), "--top", "0"]
-        cmd, _ = _timed(lambda: subprocess.run(cli, check=True, capture_output=True), repeat)
-        row = {"graph": label, **phases, "estimate_s": total, "estimate_with_rewrite_s": with_rewrite,
-               "command_s": cmd}
+        cmd, _ = _timed(lambda cli=cli: subprocess.run(cli, check=True, capture_output=True), repeat)
+        row = {"graph": label, **phases, "estimate_s": total, "estimate_with_rewrite_s": with_rewrite, "command_s": cmd}
         rows.append(row)
         print(f"{label}: {phases['nodes']} nodes, estimate {total:.2f} s, command {cmd:.2f} s", file=sys.stderr)
     return rows
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| graph | nodes | onnxruntime runs | load+analysis s | rewrites s | order s | plan s | estimate() s "
-            "| per 1k nodes ms | with rewrite of every block s | `onnx-remat estimate` s | planned peak MiB |")
+    head = (
+        "| graph | nodes | onnxruntime runs | load+analysis s | rewrites s | order s | plan s | estimate() s "
+        "| per 1k nodes ms | with rewrite of every block s | `onnx-remat estimate` s | planned peak MiB |"
+    )
     lines = [head, "|" + "|".join("---" for _ in range(12)) + "|"]
     for r in rows:
         rw = f"{r['estimate_with_rewrite_s']:.2f}" if r.get("estimate_with_rewrite_s") is not None else "-"

@@ -119,8 +119,13 @@ def _layer_classes():
 
     blocks = {name: type(name, (nn.Sequential,), {}) for name in ("Block", "Layer", "Mixer", "Stage", "Cell")}
     return {
-        "SelfAttention": SelfAttention, "Residual": Residual, "PostNorm": PostNorm, "ChannelNorm": ChannelNorm,
-        "Softmax": Softmax, "Scale": Scale, **blocks,
+        "SelfAttention": SelfAttention,
+        "Residual": Residual,
+        "PostNorm": PostNorm,
+        "ChannelNorm": ChannelNorm,
+        "Softmax": Softmax,
+        "Scale": Scale,
+        **blocks,
     }
 
 
@@ -151,8 +156,22 @@ def _seq_op(rng: random.Random, width: int, depth: int, desc: list[str]):
     torch = _torch()
     nn = torch.nn
     c = classes()
-    kinds = ["linear", "linear", "ln", "bn", "dropout", "gelu", "relu", "tanh", "softmax", "attn", "scale",
-             "residual", "postnorm", "nested"]
+    kinds = [
+        "linear",
+        "linear",
+        "ln",
+        "bn",
+        "dropout",
+        "gelu",
+        "relu",
+        "tanh",
+        "softmax",
+        "attn",
+        "scale",
+        "residual",
+        "postnorm",
+        "nested",
+    ]
     if depth >= 2:
         kinds = [k for k in kinds if k not in ("residual", "postnorm", "nested")]
     kind = rng.choice(kinds)
@@ -258,8 +277,9 @@ def build(spec: FuzzModel):
         channels = rng.choice([8, 16])
         size = rng.choice([16, 24])
         batch = rng.choice([4, 8])
-        blocks = [block_cls(*[_conv_op(rng, channels, 0, desc) for _ in range(rng.randint(2, 4))])
-                  for _ in range(n_blocks)]
+        blocks = [
+            block_cls(*[_conv_op(rng, channels, 0, desc) for _ in range(rng.randint(2, 4))]) for _ in range(n_blocks)
+        ]
 
         class ConvNet(nn.Module):
             def __init__(self) -> None:
@@ -355,8 +375,9 @@ def run_model(seed: int, selections: int, out: Path, keep_all: bool = False) -> 
     cases: list[Case] = []
 
     def case(index: int, selection: dict) -> Case:
-        return Case(model=seed, index=index, exporter=spec.exporter, opset=spec.opset, family=spec.family,
-                    selection=selection)
+        return Case(
+            model=seed, index=index, exporter=spec.exporter, opset=spec.opset, family=spec.family, selection=selection
+        )
 
     try:
         art = work / "artifacts"
@@ -364,8 +385,9 @@ def run_model(seed: int, selections: int, out: Path, keep_all: bool = False) -> 
         try:
             module, args, _target = build(spec)
             model = export_for_training(module, args, exporter=spec.exporter, opset=spec.opset, input_names=["x"])
-            generate_training_artifacts(model, art, requires_grad=trainable_parameter_names(model, module, strict=True),
-                                        loss=spec.loss)
+            generate_training_artifacts(
+                model, art, requires_grad=trainable_parameter_names(model, module, strict=True), loss=spec.loss
+            )
         except Exception as exc:  # the exporter or generate_artifacts: not onnx-remat's failure
             c = case(0, {})
             c.outcome, c.detail = "skip", "export: " + _one_line(exc)
@@ -387,7 +409,10 @@ def run_model(seed: int, selections: int, out: Path, keep_all: bool = False) -> 
             except RematError as exc:
                 c.outcome, c.detail = "nothing", _one_line(exc)
             except Exception as exc:
-                c.outcome, c.detail = "crash", _one_line(exc) + " | " + traceback.format_exc(limit=-3).replace("\n", " ")
+                c.outcome, c.detail = (
+                    "crash",
+                    _one_line(exc) + " | " + traceback.format_exc(limit=-3).replace("\n", " "),
+                )
             else:
                 c.clones = result.clone_count
                 if result.estimate_before is not None and result.estimate_after is not None:
@@ -433,8 +458,20 @@ def _run_model_safe(args) -> list[dict]:
     try:
         return [asdict(c) for c in run_model(seed, selections, Path(out))]
     except Exception as exc:  # never lose the run to one model
-        return [asdict(Case(model=seed, index=0, exporter="?", opset=0, family="?", selection={}, outcome="crash",
-                            detail="fuzzer: " + _one_line(exc)))]
+        return [
+            asdict(
+                Case(
+                    model=seed,
+                    index=0,
+                    exporter="?",
+                    opset=0,
+                    family="?",
+                    selection={},
+                    outcome="crash",
+                    detail="fuzzer: " + _one_line(exc),
+                )
+            )
+        ]
 
 
 def summarize(records: list[dict]) -> dict[str, int]:
@@ -463,16 +500,24 @@ def main(argv: list[str] | None = None) -> int:
                 fh.write(json.dumps(rec) + "\n")
                 records.append(rec)
                 if rec["outcome"] in FAILURES:
-                    print(f"FAIL m{rec['model']}-s{rec['index']} {rec['outcome']}: {rec['selection']} {rec['detail']}",
-                          flush=True)
+                    print(
+                        f"FAIL m{rec['model']}-s{rec['index']} {rec['outcome']}: {rec['selection']} {rec['detail']}",
+                        flush=True,
+                    )
             fh.flush()
             counts = summarize(records)
-            print(f"[{done}/{args.models} models, {time.perf_counter() - start:.0f} s] "
-                  + ", ".join(f"{k} {v}" for k, v in counts.items() if v), flush=True)
+            print(
+                f"[{done}/{args.models} models, {time.perf_counter() - start:.0f} s] "
+                + ", ".join(f"{k} {v}" for k, v in counts.items() if v),
+                flush=True,
+            )
     counts = summarize(records)
     failed = sum(counts[k] for k in FAILURES)
-    print(f"{len(records)} cases on {args.models} models in {time.perf_counter() - start:.0f} s: "
-          + ", ".join(f"{k} {v}" for k, v in counts.items()) + f"; {'FAILED' if failed else 'PASSED'}")
+    print(
+        f"{len(records)} cases on {args.models} models in {time.perf_counter() - start:.0f} s: "
+        + ", ".join(f"{k} {v}" for k, v in counts.items())
+        + f"; {'FAILED' if failed else 'PASSED'}"
+    )
     return 1 if failed else 0
 
 

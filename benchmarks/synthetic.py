@@ -20,7 +20,9 @@ IR_VERSION = 8
 OPSET = 17
 
 
-def forward_model(blocks: int, *, batch: int = 2, seq: int = 8, width: int = 16, dropout: float = 0.1) -> onnx.ModelProto:
+def forward_model(
+    blocks: int, *, batch: int = 2, seq: int = 8, width: int = 16, dropout: float = 0.1
+) -> onnx.ModelProto:
     """A forward graph of ``blocks`` residual blocks with dropout (seeded weights)."""
     rng = np.random.default_rng(0)
     nodes, inits = [], []
@@ -38,7 +40,7 @@ def forward_model(blocks: int, *, batch: int = 2, seq: int = 8, width: int = 16,
             numpy_helper.from_array((rng.standard_normal((width, width)) * 0.1).astype(np.float32), w2),
         ]
 
-        def node(op, inputs, outputs, name, **attrs):
+        def node(op, inputs, outputs, name, p=p, **attrs):
             nodes.append(helper.make_node(op, inputs, outputs, name=f"{p}/{name}", **attrs))
 
         node("MatMul", [x, w1], [f"{p}/fc1/MatMul_output_0"], "fc1/MatMul")

@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=args.threads,
             seed=args.seed,
         )
-    except Exception as exc:  # noqa: BLE001 - reported to the parent as one line
+    except Exception as exc:
         print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
         return 1
     print(json.dumps({"result": result}), flush=True)

@@ -8,17 +8,28 @@ import click
 from rich.table import Table
 
 import onnx_remat
+from onnx_remat.cli.common import (
+    console,
+    dims_from,
+    dims_option,
+    json_option,
+    model_argument,
+    selection_options,
+    write_json,
+)
 from onnx_remat.units import format_bytes, format_ratio
-
-from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
 
 
 @click.command("apply")
 @model_argument
 @selection_options
 @dims_option
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Output file or artifacts directory "
-              "(default: MODEL.remat.onnx, or <artifacts>_remat/).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Output file or artifacts directory (default: MODEL.remat.onnx, or <artifacts>_remat/).",
+)
 @click.option("--force", is_flag=True, help="Replace an existing output, even the input itself.")
 @json_option
 @click.option(
@@ -31,13 +42,28 @@ from onnx_remat.cli.common import console, dims_from, dims_option, json_option, 
     "--estimate/--no-estimate",
     default=True,
     show_default=True,
-    help="Print the estimated planned peak before and after (static: nothing runs; ~0.3 ms per node).",
+    help="Estimate the planned peak before and after (static: nothing runs; ~0.3 ms per node), skip segments "
+    "that would raise it, and print it. --no-estimate skips both.",
 )
 @click.option("--report", type=click.Path(path_type=Path), metavar="OUT.html", help="Also write the HTML report.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written (no estimate).")
 @click.pass_context
-def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, output, force, json_out, measure,
-              estimate, report, quiet):
+def apply_cmd(
+    ctx,
+    model,
+    scopes,
+    op_types,
+    nodes,
+    recompute_outputs,
+    dims,
+    output,
+    force,
+    json_out,
+    measure,
+    estimate,
+    report,
+    quiet,
+):
     """Recompute activations of MODEL in the backward pass instead of storing them.
 
     MODEL is a training graph (.onnx, with forward and gradient nodes) or an onnxruntime-training
@@ -56,6 +82,7 @@ def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, outp
         nodes=nodes,
         recompute_outputs=recompute_outputs,
         dims=dims_from(dims),
+        check_peak=estimate,
     )
     written = result.save(output, force=force)
     summary = {**result.summary(), "output": str(written)}
@@ -69,8 +96,8 @@ def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, outp
 
         console.print(f"wrote {write_report(result, report)}")
     if measure:
-        from onnx_remat.runtime.compare import compare
         from onnx_remat.cli.tables import print_comparison, progress_display
+        from onnx_remat.runtime.compare import compare
 
         with progress_display(console) as progress:
             comparison = compare(model, written, dims=dims_from(dims) or None, progress=progress)
@@ -83,14 +110,11 @@ def apply_cmd(ctx, model, scopes, op_types, nodes, recompute_outputs, dims, outp
 
 def print_estimate(result) -> dict | None:
     """Print the static estimate of the planned peak before/after; returns its JSON (None if unknown)."""
-    from onnx_remat.errors import RematError
-    from onnx_remat.estimate import estimate_from_apply
+    from onnx_remat.estimate import estimate
 
-    try:
-        est = estimate_from_apply(result)
-    except RematError as exc:
-        console.print(f"[dim]note:[/] no estimate: {exc}")
-        return None
+    if result.estimate_before is None:
+        return None  # apply said why in its notes (symbolic dimensions without a value)
+    est = estimate(result, scope_table=False)
     before, after = est.before.planned_peak_bytes, est.after.planned_peak_bytes
     console.print(
         f"estimated planned peak (onnxruntime CPU, emulated, nothing run): {format_bytes(before)} -> "

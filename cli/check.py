@@ -16,9 +16,6 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from onnx_remat.errors import UsageError
-from onnx_remat.units import format_bytes, parse_percent
-
 from onnx_remat.cli.common import (
     console,
     err_console,
@@ -29,6 +26,8 @@ from onnx_remat.cli.common import (
     selection_options,
     write_json,
 )
+from onnx_remat.errors import UsageError
+from onnx_remat.units import format_bytes, parse_percent
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "dim"}
 
@@ -56,16 +55,24 @@ def _threshold(c) -> str:
 def verdict_table(v) -> Table:
     """One row per check: what, baseline, now, threshold, PASS/FAIL (INFO: shown, not gated)."""
     sel = v.selection
-    what = ", ".join([f"scope {s}" for s in sel["scopes"]] + [f"op type {o}" for o in sel["op_types"]]
-                     + [f"node {n}" for n in sel["nodes"]]) + (" + outputs" if sel["recompute_outputs"] else "")
+    what = ", ".join(
+        [f"scope {s}" for s in sel["scopes"]]
+        + [f"op type {o}" for o in sel["op_types"]]
+        + [f"node {n}" for n in sel["nodes"]]
+    ) + (" + outputs" if sel["recompute_outputs"] else "")
     table = Table(
         title=f"{v.model} ({what}) against {v.baseline_path}  [dim]({v.device}, {v.steps} timed step"
         f"{'s' if v.steps != 1 else ''} after {v.warmup} warm-up, seed {v.seed})[/dim]",
         box=box.SIMPLE_HEAVY,
         title_justify="left",
     )
-    for col, justify in (("check", "left"), ("baseline", "right"), ("now", "right"), ("threshold", "left"),
-                         ("result", "left")):
+    for col, justify in (
+        ("check", "left"),
+        ("baseline", "right"),
+        ("now", "right"),
+        ("threshold", "left"),
+        ("result", "left"),
+    ):
         table.add_column(col, justify=justify)
     for c in v.checks:
         result = Text(c.status, style=_STYLE.get(c.status, ""))
@@ -81,7 +88,9 @@ def closing_line(v) -> Text:
     if v.baseline_updated:
         return Text(f"PASSED ({v.duration_s:.1f} s): baseline written to {v.baseline_path}", style="bold green")
     if v.passed:
-        return Text(f"PASSED ({v.duration_s:.1f} s): {gated} gated checks against {v.baseline_path}", style="bold green")
+        return Text(
+            f"PASSED ({v.duration_s:.1f} s): {gated} gated checks against {v.baseline_path}", style="bold green"
+        )
     names = "; ".join(c.what for c in v.failures) or "baseline not written"
     return Text(f"FAILED ({v.duration_s:.1f} s): {names}", style="bold red")
 
@@ -90,29 +99,69 @@ def parse_fraction(text: str, option: str) -> float:
     """``'2%'`` or ``'0.02'`` -> 0.02; a bare number above 1 (``'2'``) is refused as a likely typo of 2%."""
     value = parse_percent(text)
     if not text.strip().endswith("%") and value > 1:
-        raise UsageError(f"{option} {text}: a bare number is a fraction ({value * 100:g}%); write {text}% if you mean percent")
+        raise UsageError(
+            f"{option} {text}: a bare number is a fraction ({value * 100:g}%); write {text}% if you mean percent"
+        )
     return value
 
 
 @click.command("check")
 @model_argument
 @selection_options
-@click.option("--baseline", type=click.Path(path_type=Path), required=True, metavar="FILE",
-              help="The baseline JSON to compare with (written by --update-baseline).")
-@click.option("--max-peak-increase", default="2%", show_default=True, metavar="PCT",
-              help="Largest allowed rise of a planned peak over the baseline (2%, or 0.02).")
-@click.option("--max-time-increase", default="25%", show_default=True, metavar="PCT",
-              help="With --check-time: largest allowed rise of the rewritten/original step-time ratio.")
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path),
+    required=True,
+    metavar="FILE",
+    help="The baseline JSON to compare with (written by --update-baseline).",
+)
+@click.option(
+    "--max-peak-increase",
+    default="2%",
+    show_default=True,
+    metavar="PCT",
+    help="Largest allowed rise of a planned peak over the baseline (2%, or 0.02).",
+)
+@click.option(
+    "--max-time-increase",
+    default="25%",
+    show_default=True,
+    metavar="PCT",
+    help="With --check-time: largest allowed rise of the rewritten/original step-time ratio.",
+)
 @click.option("--check-time", is_flag=True, help="Also gate the step-time ratio (noisy on shared machines).")
-@click.option("--update-baseline", is_flag=True,
-              help="Write the baseline from this run (atomically; refused when gradients differ).")
-@click.option("--atol", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="Absolute tolerance of the gradient comparison (0 with --rtol 0: bit for bit).")
+@click.option(
+    "--update-baseline",
+    is_flag=True,
+    help="Write the baseline from this run (atomically; refused when gradients differ).",
+)
+@click.option(
+    "--atol",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Absolute tolerance of the gradient comparison (0 with --rtol 0: bit for bit).",
+)
 @click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Relative tolerance.")
 @run_options(steps=None, steps_help="Timed steps per graph [default: 1, or 5 with --check-time].", live=False)
 @click.pass_context
-def command(ctx, model, scopes, op_types, nodes, recompute_outputs, baseline, max_peak_increase, max_time_increase,
-            check_time, update_baseline, atol, rtol, json_out, **options):
+def command(
+    ctx,
+    model,
+    scopes,
+    op_types,
+    nodes,
+    recompute_outputs,
+    baseline,
+    max_peak_increase,
+    max_time_increase,
+    check_time,
+    update_baseline,
+    atol,
+    rtol,
+    json_out,
+    **options,
+):
     """Check MODEL's recompute rewrite against a stored baseline (a CI regression gate).
 
     Rewrites MODEL in memory, measures original and rewrite with onnxruntime, and compares with
@@ -130,8 +179,8 @@ def command(ctx, model, scopes, op_types, nodes, recompute_outputs, baseline, ma
       onnx-remat check models/artifacts/blocks10 --scope Block --baseline blocks10.json
       onnx-remat check model_dir --scope 'layers.*' --baseline b.json --check-time --max-time-increase 30%
     """
-    from onnx_remat.runtime.gate import check
     from onnx_remat.cli.tables import progress_display
+    from onnx_remat.runtime.gate import check
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console

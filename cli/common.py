@@ -49,9 +49,15 @@ def selection_options(f):
         help="When a recomputed scope feeds the next one, do not store its output either: merge them "
         "(MindSpore's output_recompute).",
     )(f)
-    f = click.option("--node", "nodes", multiple=True, metavar="NAME", help="Recompute this node's outputs (repeatable).")(f)
     f = click.option(
-        "--op-type", "op_types", multiple=True, metavar="OPS", help="Recompute outputs of these op types, e.g. Softmax,Gelu."
+        "--node", "nodes", multiple=True, metavar="NAME", help="Recompute this node's outputs (repeatable)."
+    )(f)
+    f = click.option(
+        "--op-type",
+        "op_types",
+        multiple=True,
+        metavar="OPS",
+        help="Recompute outputs of these op types, e.g. Softmax,Gelu.",
     )(f)
     f = click.option(
         "--scope",
@@ -119,7 +125,9 @@ def run_options(*, steps: int | None = 3, steps_help: str = "Timed training step
             show_default=True,
             help="Run on cpu, or on cuda (needs onnx-remat[cuda] and an NVIDIA GPU).",
         ),
-        click.option("--steps", type=click.IntRange(min=1), default=steps, show_default=steps is not None, help=steps_help),
+        click.option(
+            "--steps", type=click.IntRange(min=1), default=steps, show_default=steps is not None, help=steps_help
+        ),
         click.option(
             "--warmup",
             type=click.IntRange(min=1),

@@ -36,8 +36,8 @@ def command(ctx, a, b, atol, rtol, json_out, **options):
     Example:
       onnx-remat compare models/artifacts/blocks10 models/artifacts/blocks10_remat
     """
-    from onnx_remat.runtime.compare import compare
     from onnx_remat.cli.tables import print_comparison, progress_display, verdict
+    from onnx_remat.runtime.compare import compare
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console

@@ -2,39 +2,24 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 from rich.table import Table
 
+from onnx_remat.cli.common import (
+    console,
+    dims_from,
+    dims_option,
+    json_option,
+    model_argument,
+    selection_options,
+    write_json,
+)
 from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
+from onnx_remat.runtime.kept import read_execution_order
 from onnx_remat.units import format_bytes, format_ratio
-
-from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, selection_options, write_json
-
-
-def read_order(path: Path | None) -> list[str] | None:
-    """Node names in execution order from ``path``: a JSON list of names, or an onnxruntime
-    profile (``enable_profiling``), whose ``*_kernel_time`` events are taken in time order."""
-    if path is None:
-        return None
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise RematError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise RematError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
-    if isinstance(data, list) and all(isinstance(x, str) for x in data):
-        return data
-    if isinstance(data, list):
-        kernels = [e for e in data if isinstance(e, dict) and e.get("cat") == "Node"
-                   and str(e.get("name", "")).endswith("_kernel_time")]
-        if kernels:
-            kernels.sort(key=lambda e: e.get("ts", 0))
-            return [e["name"][: -len("_kernel_time")] for e in kernels]
-    raise RematError(f"{path}: neither a JSON list of node names nor an onnxruntime profile")
 
 
 @click.command("estimate")
@@ -42,15 +27,31 @@ def read_order(path: Path | None) -> list[str] | None:
 @selection_options
 @dims_option
 @json_option
-@click.option("--plot", "plot_out", type=click.Path(path_type=Path), metavar="OUT.png|OUT.svg",
-              help="Also write the memory timeline (before/after) as a PNG or SVG picture.")
-@click.option("--order", "order_file", type=click.Path(path_type=Path), metavar="PROFILE.json",
-              help="Use the execution order onnxruntime really ran (its profile JSON, or a JSON list of node "
-                   "names) for the graph as given, instead of the emulated DEFAULT order.")
-@click.option("--depth", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Scope table down to this depth.")
-@click.option("--top", type=click.IntRange(min=0), default=8, show_default=True,
-              help="How many of the tensors alive at the peak to list.")
+@click.option(
+    "--plot",
+    "plot_out",
+    type=click.Path(path_type=Path),
+    metavar="OUT.png|OUT.svg",
+    help="Also write the memory timeline (before/after) as a PNG or SVG picture.",
+)
+@click.option(
+    "--order",
+    "order_file",
+    type=click.Path(path_type=Path),
+    metavar="PROFILE.json",
+    help="Use the execution order onnxruntime really ran (its profile JSON, or a JSON list of node "
+    "names) for the graph as given, instead of the emulated DEFAULT order.",
+)
+@click.option(
+    "--depth", type=click.IntRange(min=0), default=0, show_default=True, help="Scope table down to this depth."
+)
+@click.option(
+    "--top",
+    type=click.IntRange(min=0),
+    default=8,
+    show_default=True,
+    help="How many of the tensors alive at the peak to list.",
+)
 def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, plot_out, order_file, depth, top):
     """Estimate the activation memory of one training step of MODEL, without running it.
 
@@ -66,7 +67,9 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
       onnx-remat estimate training_model.onnx --dim batch=8 --json est.json
     """
     if plot_out is not None and plot_out.suffix.lower() not in (".png", ".svg"):
-        raise RematError(f"{plot_out}: cannot write a {plot_out.suffix or 'suffix-less'} plot; give a .png or .svg path")
+        raise RematError(
+            f"{plot_out}: cannot write a {plot_out.suffix or 'suffix-less'} plot; give a .png or .svg path"
+        )
     result = estimate(
         model,
         scopes=scopes,
@@ -74,7 +77,7 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
         nodes=nodes,
         recompute_outputs=recompute_outputs,
         dims=dims_from(dims),
-        execution_order=read_order(order_file),
+        execution_order=read_execution_order(order_file) if order_file else None,
     )
     print_estimate(result, depth=depth, top=top)
     if plot_out is not None:
@@ -124,7 +127,9 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
                 console.print(f"  {format_bytes(t.bytes):>10}  {t.tensor}  [dim]({where})[/]")
             more = len(est.live_at_peak) - top
             if more > 0:
-                console.print(f"  [dim]... {more} more ({format_bytes(sum(t.bytes for t in est.live_at_peak[top:]))})[/]")
+                console.print(
+                    f"  [dim]... {more} more ({format_bytes(sum(t.bytes for t in est.live_at_peak[top:]))})[/]"
+                )
     scope_rows = [s for s in result.scopes if s.depth <= depth]
     hidden = max(0, len(scope_rows) - max_scopes)
     scope_rows = scope_rows[:max_scopes]
@@ -137,8 +142,13 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
         st.add_column("alive at the peak", justify="right")
         for s in scope_rows:
             stored = format_bytes(s.stored_bytes) + (f" +{s.stored_unknown}?" if s.stored_unknown else "")
-            st.add_row("  " * s.depth + s.path, (s.class_name or "").rsplit(".", 1)[-1], stored,
-                       format_bytes(s.releasable_bytes), format_bytes(s.live_at_peak_bytes))
+            st.add_row(
+                "  " * s.depth + s.path,
+                (s.class_name or "").rsplit(".", 1)[-1],
+                stored,
+                format_bytes(s.releasable_bytes),
+                format_bytes(s.live_at_peak_bytes),
+            )
         console.print(st)
         if hidden:
             console.print(f"[dim]... {hidden} more scopes (all of them in --json)[/]")

@@ -26,8 +26,8 @@ def command(model, json_out, **options):
       onnx-remat measure models/artifacts/blocks10
       onnx-remat measure training_model.onnx --dim batch=8 --int-range input_ids=0:50257
     """
-    from onnx_remat.runtime.measure import measure
     from onnx_remat.cli.tables import progress_display, render_measurement
+    from onnx_remat.runtime.measure import measure
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console

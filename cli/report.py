@@ -6,24 +6,39 @@ from pathlib import Path
 
 import click
 
-from onnx_remat.errors import RematError
-from onnx_remat.show.report import write_report
-
 from onnx_remat.cli.common import console, dims_from, dims_option, model_argument, selection_options
-from onnx_remat.cli.estimate import read_order
+from onnx_remat.errors import RematError
+from onnx_remat.runtime.kept import read_execution_order
+from onnx_remat.show.report import write_report
 
 
 @click.command("report")
 @model_argument
 @selection_options
 @dims_option
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="OUT.html",
-              help="Where to write the page.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    metavar="OUT.html",
+    help="Where to write the page.",
+)
 @click.option("--focus", multiple=True, metavar="PATTERN", help="Scope instances to draw in full in the graph.")
-@click.option("--expand", type=click.IntRange(min=0), default=2, show_default=True,
-              help="How many selected scope instances to draw in full when --focus is not given.")
-@click.option("--order", "order_file", type=click.Path(path_type=Path), metavar="PROFILE.json",
-              help="Execution order onnxruntime really ran for MODEL (profile JSON or a JSON list of node names).")
+@click.option(
+    "--expand",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="How many selected scope instances to draw in full when --focus is not given.",
+)
+@click.option(
+    "--order",
+    "order_file",
+    type=click.Path(path_type=Path),
+    metavar="PROFILE.json",
+    help="Execution order onnxruntime really ran for MODEL (profile JSON or a JSON list of node names).",
+)
 @click.option("--title", help="Page title.")
 def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, focus, expand, order_file, title):
     """Write an HTML report of recomputing the selected activations of MODEL.
@@ -49,6 +64,6 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, foc
         focus=focus,
         expand=expand,
         title=title,
-        execution_order=read_order(order_file),
+        execution_order=read_execution_order(order_file) if order_file else None,
     )
     console.print(f"wrote {written}")

@@ -7,15 +7,16 @@ from rich.table import Table
 
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.analysis.scope_table import scope_report
-from onnx_remat.units import format_bytes
-
 from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, write_json
+from onnx_remat.units import format_bytes
 
 
 @click.command("scopes")
 @model_argument
 @dims_option
-@click.option("--depth", type=click.IntRange(min=0), default=None, help="Show scopes down to this depth (0: top level).")
+@click.option(
+    "--depth", type=click.IntRange(min=0), default=None, help="Show scopes down to this depth (0: top level)."
+)
 @json_option
 def scopes_cmd(model, dims, depth, json_out):
     """Print the scope tree of MODEL's forward nodes.
@@ -34,7 +35,9 @@ def scopes_cmd(model, dims, depth, json_out):
     table.add_column("repeated")
     for row in report.rows:
         stashed = format_bytes(row.stashed_bytes) + (f" +{row.stashed_unknown}?" if row.stashed_unknown else "")
-        releases = format_bytes(row.releasable_bytes) + (f" +{row.releasable_unknown}?" if row.releasable_unknown else "")
+        releases = format_bytes(row.releasable_bytes) + (
+            f" +{row.releasable_unknown}?" if row.releasable_unknown else ""
+        )
         table.add_row(
             "  " * row.depth + row.path,
             (row.class_name or "").rsplit(".", 1)[-1],
@@ -50,8 +53,8 @@ def scopes_cmd(model, dims, depth, json_out):
         cls = (group["class"] or "").rsplit(".", 1)[-1]
         if len(group["scopes"]) > 2:
             console.print(
-                f"repeated: {group['scopes'][0]} .. {group['scopes'][-1]} ({group['count']} x {cls or 'same structure'})"
-                + (f" -> try --scope {cls}" if cls else "")
+                f"repeated: {group['scopes'][0]} .. {group['scopes'][-1]} "
+                f"({group['count']} x {cls or 'same structure'})" + (f" -> try --scope {cls}" if cls else "")
             )
     if report.unknown_symbols:
         console.print(

@@ -14,10 +14,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from onnx_remat.units import format_bytes
 from onnx_remat.runtime.compare import Comparison
 from onnx_remat.runtime.kept import RewriteCheck
 from onnx_remat.runtime.measure import Measurement, ProgressEvent
+from onnx_remat.units import format_bytes
 
 _MEMORY_ROWS = (
     ("planned_peak_bytes", "planned peak", "memory-pattern block of a step"),

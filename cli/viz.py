@@ -6,23 +6,37 @@ from pathlib import Path
 
 import click
 
+from onnx_remat.cli.common import console, dims_from, dims_option, model_argument, selection_options
 from onnx_remat.errors import RematError
 from onnx_remat.show.graph_view import FORMATS, graph_view, graphviz_available, write_graph
-
-from onnx_remat.cli.common import console, dims_from, dims_option, model_argument, selection_options
 
 
 @click.command("viz")
 @model_argument
 @selection_options
 @dims_option
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, metavar="OUT.{dot,svg,png,html}",
-              help="Where to write: .dot (DOT text, always), .svg / .png (needs Graphviz's dot), .html (the SVG in "
-                   "a self-contained page; DOT text with a note when Graphviz is missing).")
-@click.option("--focus", multiple=True, metavar="PATTERN",
-              help="Scope instances to draw in full (default: the first --expand selected ones).")
-@click.option("--expand", type=click.IntRange(min=0), default=2, show_default=True,
-              help="How many selected scope instances to draw in full when --focus is not given.")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    metavar="OUT.{dot,svg,png,html}",
+    help="Where to write: .dot (DOT text, always), .svg / .png (needs Graphviz's dot), .html (the SVG in "
+    "a self-contained page; DOT text with a note when Graphviz is missing).",
+)
+@click.option(
+    "--focus",
+    multiple=True,
+    metavar="PATTERN",
+    help="Scope instances to draw in full (default: the first --expand selected ones).",
+)
+@click.option(
+    "--expand",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="How many selected scope instances to draw in full when --focus is not given.",
+)
 @click.option("--before", is_flag=True, help="Draw the graph before the rewrite, with the edges it replaces in red.")
 def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, focus, expand, before):
     """Draw MODEL's graph around the recomputed scopes.
@@ -39,8 +53,9 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, foc
       onnx-remat viz training_model.onnx --scope 'encoder.layer.*' --focus encoder.layer.3 -o view.html
     """
     if output.suffix.lower() not in FORMATS:
-        raise RematError(f"{output}: cannot write a {output.suffix or 'suffix-less'} graph; give a .dot, .svg, .png "
-                         "or .html path")
+        raise RematError(
+            f"{output}: cannot write a {output.suffix or 'suffix-less'} graph; give a .dot, .svg, .png or .html path"
+        )
     if before and not (scopes or op_types or nodes):
         raise RematError("--before needs a selection (--scope, --op-type or --node) to show what it replaces")
     view = graph_view(

@@ -18,8 +18,8 @@ name               model                                                       e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 from torch import nn
@@ -82,8 +82,7 @@ def _blocks10(dynamo: bool) -> ModelSpec:
         description=(
             "MindSpore recompute tutorial's network: 10 Blocks (scaled transposes, batched matmul, "
             "additive mask from an 8x128x128 parameter, softmax, dropout 0.1, batched matmul); "
-            "x 8x128x16x32, MSE loss"
-            + ("; exported with the dynamo exporter" if dynamo else "")
+            "x 8x128x16x32, MSE loss" + ("; exported with the dynamo exporter" if dynamo else "")
         ),
         source="seed 000 (MindSpore docs r2.5.0, recompute.md)",
         build=blocks10.build,
@@ -163,4 +162,4 @@ MODELS: dict[str, ModelSpec] = {
     )
 }
 
-__all__ = ["MODELS", "ModelSpec", "ARTIFACTS_DIR_NAME"]
+__all__ = ["ARTIFACTS_DIR_NAME", "MODELS", "ModelSpec"]

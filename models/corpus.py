@@ -57,15 +57,21 @@ class LogitsOnly(nn.Module):
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         kwargs = dict(zip(self.input_names, inputs))
-        out = self.model(**kwargs, use_cache=False, return_dict=False) if _takes_cache(self.model) else (
-            self.model(**kwargs, return_dict=False))
+        out = (
+            self.model(**kwargs, use_cache=False, return_dict=False)
+            if _takes_cache(self.model)
+            else (self.model(**kwargs, return_dict=False))
+        )
         logits = out[0]
         return logits.reshape(-1, logits.shape[-1])
 
 
 def _takes_cache(model: nn.Module) -> bool:
-    return bool(getattr(model.config, "is_decoder", False) or getattr(model.config, "is_encoder_decoder", False)
-                or model.config.model_type in ("gpt2", "llama"))
+    return bool(
+        getattr(model.config, "is_decoder", False)
+        or getattr(model.config, "is_encoder_decoder", False)
+        or model.config.model_type in ("gpt2", "llama")
+    )
 
 
 class DropoutMLP(nn.Module):
@@ -129,8 +135,20 @@ def _mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output, target)
 
 
-def _arch(name: str, *, build, inputs, target, loss, ort_loss, input_names, block_scope, blocks, description,
-          exporters: tuple[tuple[str, int], ...]) -> list[ModelSpec]:
+def _arch(
+    name: str,
+    *,
+    build,
+    inputs,
+    target,
+    loss,
+    ort_loss,
+    input_names,
+    block_scope,
+    blocks,
+    description,
+    exporters: tuple[tuple[str, int], ...],
+) -> list[ModelSpec]:
     specs = []
     for exporter, opset in exporters:
         specs.append(
@@ -160,81 +178,154 @@ TS14, TS17, DYNAMO = ("torchscript", 14), ("torchscript", 17), ("dynamo", 18)
 _SPECS: list[ModelSpec] = [
     *_arch(
         "gpt2",
-        build=_hf("GPT2LMHeadModel", "GPT2Config", n_layer=4, n_embd=128, n_head=4, vocab_size=VOCAB,
-                  n_positions=SEQ),
+        build=_hf("GPT2LMHeadModel", "GPT2Config", n_layer=4, n_embd=128, n_head=4, vocab_size=VOCAB, n_positions=SEQ),
         inputs=lambda: (_ids(1, (BATCH, SEQ)),),
         target=lambda: _ids(2, (BATCH * SEQ,)),
-        loss=_ce, ort_loss="cross_entropy", input_names=("input_ids",),
-        block_scope="GPT2Block", blocks=lambda m: list(m.model.transformer.h),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_ids",),
+        block_scope="GPT2Block",
+        blocks=lambda m: list(m.model.transformer.h),
         description="GPT-2 decoder LM: 4 layers, width 128, 4 heads, tied embedding, seq 32, batch 4",
         exporters=(TS14, DYNAMO),
     ),
     *_arch(
         "bert",
-        build=_hf("BertForSequenceClassification", "BertConfig", num_hidden_layers=4, hidden_size=128,
-                  num_attention_heads=4, intermediate_size=512, vocab_size=VOCAB, max_position_embeddings=SEQ,
-                  num_labels=8),
+        build=_hf(
+            "BertForSequenceClassification",
+            "BertConfig",
+            num_hidden_layers=4,
+            hidden_size=128,
+            num_attention_heads=4,
+            intermediate_size=512,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+            num_labels=8,
+        ),
         inputs=lambda: (_ids(1, (BATCH, SEQ)),),
         target=lambda: _ids(2, (BATCH,), 8),
-        loss=_ce, ort_loss="cross_entropy", input_names=("input_ids",),
-        block_scope="BertLayer", blocks=lambda m: list(m.model.bert.encoder.layer),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_ids",),
+        block_scope="BertLayer",
+        blocks=lambda m: list(m.model.bert.encoder.layer),
         description="BERT encoder (post-LayerNorm): 4 layers, width 128, classifier over 8 labels",
         exporters=(TS14, DYNAMO),
     ),
     *_arch(
         "llama",
-        build=_hf("LlamaForCausalLM", "LlamaConfig", num_hidden_layers=4, hidden_size=128, num_attention_heads=4,
-                  num_key_value_heads=2, intermediate_size=256, vocab_size=VOCAB, max_position_embeddings=SEQ),
+        build=_hf(
+            "LlamaForCausalLM",
+            "LlamaConfig",
+            num_hidden_layers=4,
+            hidden_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=256,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+        ),
         inputs=lambda: (_ids(1, (BATCH, SEQ)),),
         target=lambda: _ids(2, (BATCH * SEQ,)),
-        loss=_ce, ort_loss="cross_entropy", input_names=("input_ids",),
-        block_scope="LlamaDecoderLayer", blocks=lambda m: list(m.model.model.layers),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_ids",),
+        block_scope="LlamaDecoderLayer",
+        blocks=lambda m: list(m.model.model.layers),
         description="Llama decoder LM: RMSNorm, rotary, gated SiLU MLP, 4 layers, width 128, GQA 4/2 heads",
         exporters=(TS17, DYNAMO),
     ),
     *_arch(
         "t5",
-        build=_hf("T5ForConditionalGeneration", "T5Config", num_layers=2, num_decoder_layers=2, d_model=64,
-                  d_kv=16, d_ff=128, num_heads=4, vocab_size=VOCAB, decoder_start_token_id=0),
+        build=_hf(
+            "T5ForConditionalGeneration",
+            "T5Config",
+            num_layers=2,
+            num_decoder_layers=2,
+            d_model=64,
+            d_kv=16,
+            d_ff=128,
+            num_heads=4,
+            vocab_size=VOCAB,
+            decoder_start_token_id=0,
+        ),
         inputs=lambda: (_ids(1, (BATCH, SEQ)), _ids(3, (BATCH, SEQ))),
         target=lambda: _ids(2, (BATCH * SEQ,)),
-        loss=_ce, ort_loss="cross_entropy", input_names=("input_ids", "decoder_input_ids"),
-        block_scope="T5Block", blocks=lambda m: [*m.model.encoder.block, *m.model.decoder.block],
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_ids", "decoder_input_ids"),
+        block_scope="T5Block",
+        blocks=lambda m: [*m.model.encoder.block, *m.model.decoder.block],
         description="T5 encoder-decoder: 2+2 layers, width 64, cross-attention, relative position bias",
         exporters=(TS17,),
     ),
     *_arch(
         "bart",
-        build=_hf("BartForConditionalGeneration", "BartConfig", encoder_layers=2, decoder_layers=2, d_model=64,
-                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                  vocab_size=VOCAB, max_position_embeddings=SEQ),
+        build=_hf(
+            "BartForConditionalGeneration",
+            "BartConfig",
+            encoder_layers=2,
+            decoder_layers=2,
+            d_model=64,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+        ),
         inputs=lambda: (_ids(1, (BATCH, SEQ)), _ids(3, (BATCH, SEQ))),
         target=lambda: _ids(2, (BATCH * SEQ,)),
-        loss=_ce, ort_loss="cross_entropy", input_names=("input_ids", "decoder_input_ids"),
-        block_scope="Bart*Layer", blocks=lambda m: [*m.model.model.encoder.layers, *m.model.model.decoder.layers],
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_ids", "decoder_input_ids"),
+        block_scope="Bart*Layer",
+        blocks=lambda m: [*m.model.model.encoder.layers, *m.model.model.decoder.layers],
         description="BART encoder-decoder: 2+2 post-LN layers, width 64, cross-attention, learned positions",
         exporters=(TS17,),
     ),
     *_arch(
         "vit",
-        build=_hf("ViTForImageClassification", "ViTConfig", image_size=32, patch_size=4, num_channels=3,
-                  hidden_size=128, num_hidden_layers=4, num_attention_heads=4, intermediate_size=256,
-                  num_labels=10),
+        build=_hf(
+            "ViTForImageClassification",
+            "ViTConfig",
+            image_size=32,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            intermediate_size=256,
+            num_labels=10,
+        ),
         inputs=lambda: (torch.randn(BATCH, 3, 32, 32, generator=_seeded(1)),),
         target=lambda: _ids(2, (BATCH,), 10),
-        loss=_ce, ort_loss="cross_entropy", input_names=("pixel_values",),
-        block_scope="ViTLayer", blocks=lambda m: list(m.model.vit.encoder.layer),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("pixel_values",),
+        block_scope="ViTLayer",
+        blocks=lambda m: list(m.model.vit.encoder.layer),
         description="ViT: 32x32 images, 4x4 patches, 4 pre-LN layers, width 128, 10 classes",
         exporters=(TS17, DYNAMO),
     ),
     *_arch(
         "resnet",
-        build=_hf("ResNetForImageClassification", "ResNetConfig", embedding_size=16, hidden_sizes=[16, 32, 64],
-                  depths=[2, 2, 2], layer_type="basic", num_labels=10),
+        build=_hf(
+            "ResNetForImageClassification",
+            "ResNetConfig",
+            embedding_size=16,
+            hidden_sizes=[16, 32, 64],
+            depths=[2, 2, 2],
+            layer_type="basic",
+            num_labels=10,
+        ),
         inputs=lambda: (torch.randn(8, 3, 64, 64, generator=_seeded(1)),),
         target=lambda: _ids(2, (8,), 10),
-        loss=_ce, ort_loss="cross_entropy", input_names=("pixel_values",),
-        block_scope="ResNetBasicLayer", blocks=lambda m: [b for s in m.model.resnet.encoder.stages for b in s.layers],
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("pixel_values",),
+        block_scope="ResNetBasicLayer",
+        blocks=lambda m: [b for s in m.model.resnet.encoder.stages for b in s.layers],
         description="ResNet (HF): conv7x7-BN-ReLU-maxpool stem, 3 stages x 2 basic blocks, 64x64 images",
         exporters=(TS17,),
     ),
@@ -243,8 +334,11 @@ _SPECS: list[ModelSpec] = [
         build=lambda: (torch.manual_seed(SEED), DropoutMLP())[1],
         inputs=lambda: (torch.randn(512, 64, generator=_seeded(1)),),
         target=lambda: torch.randn(512, 16, generator=_seeded(2)),
-        loss=_mse, ort_loss="mse", input_names=("x",),
-        block_scope="MLPBlock", blocks=lambda m: list(m.blocks),
+        loss=_mse,
+        ort_loss="mse",
+        input_names=("x",),
+        block_scope="MLPBlock",
+        blocks=lambda m: list(m.blocks),
         description="MLP: 4 residual blocks LayerNorm-Linear-GELU-Dropout(0.2)-Linear, width 256/1024, MSE",
         exporters=(TS17, DYNAMO),
     ),

@@ -110,12 +110,8 @@ def summary(path: Path) -> str:
     """One line: node counts of the training and eval graphs and the file sizes."""
     training = onnx.load(str(path / "training_model.onnx"), load_external_data=False)
     evalm = onnx.load(str(path / "eval_model.onnx"), load_external_data=False)
-    sizes = ", ".join(
-        f"{p.name} {p.stat().st_size / 1024:.0f} KiB" for p in sorted(path.iterdir()) if p.is_file()
-    )
-    return (
-        f"{len(training.graph.node)} training nodes, {len(evalm.graph.node)} eval nodes; {sizes}"
-    )
+    sizes = ", ".join(f"{p.name} {p.stat().st_size / 1024:.0f} KiB" for p in sorted(path.iterdir()) if p.is_file())
+    return f"{len(training.graph.node)} training nodes, {len(evalm.graph.node)} eval nodes; {sizes}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,10 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         "to onnxruntime-training artifacts directories.",
     )
     parser.add_argument("names", nargs="*", metavar="NAME", help="models (default: all)")
-    parser.add_argument("--corpus", action="store_true",
-                        help=f"the corpus of real architectures (models/corpus.py): {', '.join(CORPUS)}")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"output folder (default: models/artifacts, or {CORPUS_OUT} with --corpus)")
+    parser.add_argument(
+        "--corpus",
+        action="store_true",
+        help=f"the corpus of real architectures (models/corpus.py): {', '.join(CORPUS)}",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"output folder (default: models/artifacts, or {CORPUS_OUT} with --corpus)",
+    )
     args = parser.parse_args(argv)
     registry = CORPUS if args.corpus else MODELS
     out = args.out or (CORPUS_OUT if args.corpus else DEFAULT_OUT)

@@ -49,9 +49,7 @@ class CausalSelfAttention(nn.Module):
         self.attn_drop = nn.Dropout(cfg.dropout)
         self.resid_drop = nn.Dropout(cfg.dropout)
         t = cfg.block_size
-        self.register_buffer(
-            "mask", torch.tril(torch.ones(t, t, dtype=torch.bool)).view(1, 1, t, t), persistent=False
-        )
+        self.register_buffer("mask", torch.tril(torch.ones(t, t, dtype=torch.bool)).view(1, 1, t, t), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape

@@ -26,7 +26,8 @@ BatchNorm in training mode (TorchScript exporter, onnxruntime-training 1.19.2), 
   them; the eval model then normalizes with the exported running statistics (mean 0, var 1).
 * onnxruntime's gradients agree with PyTorch's to about 1.6e-3 relative (PyTorch float32 agrees
   with float64 to 3e-5), most likely because its CPU BatchNorm-gradient reductions lose
-  precision where per-channel sums cancel (the error appears first in a BatchNorm bias gradient). The loss agrees to 1e-7.
+  precision where per-channel sums cancel (the error appears first in a BatchNorm bias gradient). The loss
+  agrees to 1e-7.
 """
 
 from __future__ import annotations
@@ -65,9 +66,7 @@ class BasicBlock(nn.Module):
         self.relu1 = nn.ReLU()
         self.conv2 = nn.Conv2d(cout, cout, 3, stride=1, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut: nn.Module = (
-            ConvBN(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
-        )
+        self.shortcut: nn.Module = ConvBN(cin, cout, 1, stride) if stride != 1 or cin != cout else nn.Identity()
         self.relu2 = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,9 +9,9 @@ See README.md for the command line (``onnx-remat``), which is a thin layer over 
 
 __version__ = "0.1.0"
 
-from onnx_remat.analysis.model import ModelAnalysis, analyze_model  # noqa: E402
-from onnx_remat.remat.apply import ApplyResult, apply, plan  # noqa: E402
-from onnx_remat.errors import EnvironmentProblem, RegressionError, RematError, UsageError  # noqa: E402
+from onnx_remat.analysis.model import ModelAnalysis, analyze_model
+from onnx_remat.errors import EnvironmentProblem, RegressionError, RematError, UsageError
+from onnx_remat.remat.apply import ApplyResult, apply, plan
 
 __all__ = [
     "ApplyResult",

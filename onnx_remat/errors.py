@@ -8,6 +8,12 @@ exit status below, never a traceback. Anything else escaping is a bug in onnx-re
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name if it has none)."""
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
 class RematError(Exception):
     """A problem with the user's input or request. CLI exit status 1."""
 

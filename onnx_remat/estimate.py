@@ -53,17 +53,22 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 
-from onnx_remat.graph import tags
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
-from onnx_remat.ortsim.shapes import infer_runtime_shapes
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
+from onnx_remat.graph import tags
+from onnx_remat.graph.conventions import is_gradient_node_name
+from onnx_remat.ortsim.optimizer import RuntimeGraph, optimize, runtime_graph
 from onnx_remat.ortsim.order import order_from_names
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
-from onnx_remat.ortsim.optimizer import RuntimeGraph, optimize, runtime_graph
-from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.ortsim.shapes import infer_runtime_shapes
+
+if TYPE_CHECKING:
+    from onnx_remat.remat.apply import ApplyResult
 
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
 DEFAULT_ORDER = "onnxruntime DEFAULT order (emulated)"
@@ -217,15 +222,11 @@ class EstimateResult:
 
 
 def _region_of(names: Iterable[str], regions: dict[str, str]) -> str:
-    found = {regions.get(n, BACKWARD if _is_gradient_name(n) else FORWARD) for n in names}
+    found = {regions.get(n, BACKWARD if is_gradient_node_name(n) else FORWARD) for n in names}
     for r in (RECOMPUTE, BACKWARD, FORWARD):
         if r in found:
             return r
     return FORWARD
-
-
-def _is_gradient_name(name: str) -> bool:
-    return "_Grad/" in name or name.startswith(("AccumulateGrad_", "GradientAccumulator"))
 
 
 def estimate_graph(
@@ -303,17 +304,54 @@ def _scope_lookup(scope_of_tensor: dict[str, str], tensor: str) -> str | None:
     return found
 
 
-def _regions(analysis: ModelAnalysis) -> dict[str, str]:
+def _regions(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> dict[str, str]:
+    """Node name -> forward / backward / recompute, for ``analysis``'s graph or its rewrite ``model``."""
     tg = analysis.graph
     out: dict[str, str] = {}
+    if model is not None:
+        for proto in model.graph.node:
+            if tags.is_clone_name(proto.name) or tags.is_barrier_name(proto.name):
+                out[proto.name] = RECOMPUTE
     for n in tg.order:
-        if not n.name:
-            continue
-        if tags.is_clone_name(n.name) or tags.is_barrier_name(n.name):
-            out[n.name] = RECOMPUTE
-        else:
+        if n.name and n.name not in out:
             out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
     return out
+
+
+def estimate_original(
+    analysis: ModelAnalysis, *, execution_order: Sequence[str] | None = None, runtime_optimizations: bool = True
+) -> MemoryEstimate:
+    """The estimate of the analysed graph itself (see :func:`estimate_graph` for the arguments)."""
+    check_dims(analysis)
+    est, _, _ = estimate_graph(
+        analysis.model,
+        analysis.sizes.copy(),
+        regions=_regions(analysis),
+        scope_of_tensor=_scope_of_tensor(analysis),
+        execution_order=execution_order,
+        runtime_optimizations=runtime_optimizations,
+    )
+    return est
+
+
+def estimate_rewritten(
+    analysis: ModelAnalysis,
+    model: onnx.ModelProto,
+    *,
+    execution_order: Sequence[str] | None = None,
+    runtime_optimizations: bool = True,
+) -> MemoryEstimate:
+    """The estimate of ``model``, a rewrite of the analysed graph (clones count as "recompute")."""
+    check_dims(analysis)
+    est, _, _ = estimate_graph(
+        model,
+        TensorSizes(model, analysis.sizes.dims),
+        regions=_regions(analysis, model),
+        scope_of_tensor=_scope_of_tensor(analysis),
+        execution_order=execution_order,
+        runtime_optimizations=runtime_optimizations,
+    )
+    return est
 
 
 def _scope_of_tensor(analysis: ModelAnalysis) -> dict[str, str]:
@@ -366,7 +404,7 @@ def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate) -> list[ScopeMe
 
 
 def estimate(
-    model: ModelLike | ModelAnalysis,
+    model: ModelLike | ModelAnalysis | ApplyResult,
     *,
     scopes: str | Iterable[str] | None = None,
     op_types: str | Iterable[str] | None = None,
@@ -380,42 +418,47 @@ def estimate(
 ) -> EstimateResult:
     """Estimate the activation memory of a training step, and after a recompute rewrite.
 
-    ``model``: a training graph file, an artifacts directory, an ``onnx.ModelProto`` or a
-    :class:`ModelAnalysis` (then ``dims`` must already be in it). ``scopes`` / ``op_types`` /
-    ``nodes`` / ``recompute_outputs`` select what to recompute, as :func:`onnx_remat.remat.apply` takes
-    them; without a selection only ``before`` is estimated. ``dims`` binds symbolic dimensions
-    (``{"batch": 8}``). ``execution_order`` / ``after_execution_order``: node names in the order
-    onnxruntime ran them (e.g. from a profile) instead of the emulated DEFAULT order.
-    ``runtime_optimizations=False`` estimates the graph as written, without onnxruntime's rewrites.
+    ``model``: a training graph file, an artifacts directory, an ``onnx.ModelProto``, a
+    :class:`ModelAnalysis` (then ``dims`` must already be in it), or an
+    :class:`~onnx_remat.ApplyResult` (its input graph and its rewrite are estimated; the
+    estimates ``apply`` made are reused where the order and optimizations are the defaults).
+    ``scopes`` / ``op_types`` / ``nodes`` / ``recompute_outputs`` select what to recompute, as
+    :func:`onnx_remat.apply` takes them; without a selection (and without an ApplyResult) only
+    ``before`` is estimated. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
+    ``execution_order`` / ``after_execution_order``: node names in the order onnxruntime ran them
+    (e.g. from a profile) instead of the emulated DEFAULT order. ``runtime_optimizations=False``
+    estimates the graph as written, without onnxruntime's rewrites. Whatever it is given, the
+    model is analysed at most once.
 
     Raises :class:`RematError` for symbolic dimensions without a value and selections that
     match nothing. Nothing is written.
     """
-    if isinstance(model, ModelAnalysis):
-        analysis = model
+    from onnx_remat.remat.apply import ApplyResult, apply
+
+    applied: ApplyResult | None = None
+    if isinstance(model, ApplyResult):
+        applied = model
+        analysis = applied.analysis
     else:
-        analysis = analyze_model(model, dims=dims)
-    check_dims(analysis)
-    has_selection = any(_present(x) for x in (scopes, op_types, nodes))
-    before, _, _ = estimate_graph(
-        analysis.model,
-        analysis.sizes.copy(),
-        regions=_regions(analysis),
-        scope_of_tensor=_scope_of_tensor(analysis),
-        execution_order=execution_order,
-        runtime_optimizations=runtime_optimizations,
-    )
+        analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
+        if any(_present(x) for x in (scopes, op_types, nodes)):
+            applied = apply(
+                analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs
+            )
+    defaults = runtime_optimizations
+    before = applied.estimate_before if applied is not None and defaults and execution_order is None else None
+    if before is None:
+        before = estimate_original(analysis, execution_order=execution_order,
+                                   runtime_optimizations=runtime_optimizations)
     result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
     if scope_table:
         result.scopes = _scope_rows(analysis, before)
-    if has_selection:
-        from onnx_remat.remat.apply import apply
-
-        source = analysis.source if analysis.source is not None else analysis.model
-        applied = apply(source, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs,
-                        dims=dict(analysis.sizes.dims))
-        attach_after(result, applied, execution_order=after_execution_order,
-                     runtime_optimizations=runtime_optimizations)
+    if applied is not None:
+        after = applied.estimate_after if defaults and after_execution_order is None else None
+        if after is None:
+            after = estimate_rewritten(analysis, applied.model, execution_order=after_execution_order,
+                                       runtime_optimizations=runtime_optimizations)
+        _attach(result, applied, after)
     _add_notes(result)
     return result
 
@@ -428,20 +471,8 @@ def _present(value) -> bool:
     return any(str(v).strip() for v in value)
 
 
-def attach_after(result: EstimateResult, applied, *, execution_order: Sequence[str] | None = None,
-                 runtime_optimizations: bool = True) -> EstimateResult:
-    """Add the estimate of an :class:`~onnx_remat.ApplyResult`'s rewritten graph to ``result``."""
-    analysis = applied.analysis
-    regions = _regions_after(applied)
-    sizes = TensorSizes(applied.model, analysis.sizes.dims)
-    after, _, _ = estimate_graph(
-        applied.model,
-        sizes,
-        regions=regions,
-        scope_of_tensor=_scope_of_tensor(analysis),
-        execution_order=execution_order,
-        runtime_optimizations=runtime_optimizations,
-    )
+def _attach(result: EstimateResult, applied: ApplyResult, after: MemoryEstimate) -> None:
+    """Put the rewrite's estimate and summary into ``result``."""
     result.after = after
     summary = applied.summary()
     result.segments = summary["segments"]
@@ -453,20 +484,6 @@ def attach_after(result: EstimateResult, applied, *, execution_order: Sequence[s
         "released_bytes": summary["released_bytes"],
     }
     result.notes.extend(summary["notes"])
-    return result
-
-
-def _regions_after(applied) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for proto in applied.model.graph.node:
-        name = proto.name
-        if tags.is_clone_name(name) or tags.is_barrier_name(name):
-            out[name] = RECOMPUTE
-    tg = applied.analysis.graph
-    for n in tg.order:
-        if n.name and n.name not in out:
-            out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
-    return out
 
 
 def _add_notes(result: EstimateResult) -> None:
@@ -491,27 +508,6 @@ def _mib(n: int) -> str:
     return format_bytes(n)
 
 
-def estimate_from_apply(applied, *, analysis: ModelAnalysis | None = None,
-                        execution_order: Sequence[str] | None = None,
-                        after_execution_order: Sequence[str] | None = None) -> EstimateResult:
-    """The estimate of an :class:`~onnx_remat.ApplyResult` (its input graph and its rewrite).
-
-    The ApplyResult's own analysis was edited by the rewrite, so the input graph is analysed
-    again (or ``analysis``, a fresh analysis of the same input, is used)."""
-    if analysis is None:
-        source = applied.analysis.source if applied.analysis.source is not None else applied.analysis.model
-        analysis = analyze_model(source, dims=dict(applied.analysis.sizes.dims))
-    fresh = analysis
-    check_dims(fresh)
-    before, _, _ = estimate_graph(fresh.model, fresh.sizes.copy(), regions=_regions(fresh),
-                                  scope_of_tensor=_scope_of_tensor(fresh), execution_order=execution_order)
-    result = EstimateResult(model=fresh.name, before=before, dims=dict(fresh.sizes.dims))
-    result.scopes = _scope_rows(fresh, before)
-    attach_after(result, applied, execution_order=after_execution_order)
-    _add_notes(result)
-    return result
-
-
 __all__ = [
     "EstimateResult",
     "LiveTensor",
@@ -520,6 +516,7 @@ __all__ = [
     "Step",
     "check_dims",
     "estimate",
-    "estimate_from_apply",
     "estimate_graph",
+    "estimate_original",
+    "estimate_rewritten",
 ]

@@ -53,7 +53,8 @@ node producing the same output.
 from __future__ import annotations
 
 import io
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import onnx
 
@@ -394,8 +395,9 @@ def _restore_initializers_from(model: onnx.ModelProto, values: dict[str, Any]) -
     out = _copy(model)
     for i, init in enumerate(out.graph.initializer):
         if init.name in values:
-            out.graph.initializer[i].CopyFrom(numpy_helper.from_array(values[init.name].detach().cpu().numpy(),
-                                                                      init.name))
+            out.graph.initializer[i].CopyFrom(
+                numpy_helper.from_array(values[init.name].detach().cpu().numpy(), init.name)
+            )
     return out
 
 
@@ -404,9 +406,17 @@ def _export_torchscript(module: Any, args: tuple, opset: int, input_names, outpu
 
     buffers = {k: v.detach().clone() for k, v in module.named_buffers()}
     f = io.BytesIO()
-    torch.onnx.export(module, args, f, dynamo=False, opset_version=opset,
-                      training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
-                      input_names=list(input_names), output_names=list(output_names))
+    torch.onnx.export(
+        module,
+        args,
+        f,
+        dynamo=False,
+        opset_version=opset,
+        training=torch.onnx.TrainingMode.TRAINING,
+        do_constant_folding=False,
+        input_names=list(input_names),
+        output_names=list(output_names),
+    )
     # Tracing in training mode runs the module once: BatchNorm running statistics were updated
     # by it, in the module and in the exported initializers. Both go back to their old values.
     with torch.no_grad():
@@ -421,9 +431,17 @@ def _export_dynamo(module: Any, args: tuple, opset: int, input_names, output_nam
     import torch
     from onnxscript.optimizer import optimize_ir
 
-    program = torch.onnx.export(module, args, dynamo=True, opset_version=opset,
-                                training=torch.onnx.TrainingMode.TRAINING, input_names=list(input_names),
-                                output_names=list(output_names), verbose=False, optimize=False)
+    program = torch.onnx.export(
+        module,
+        args,
+        dynamo=True,
+        opset_version=opset,
+        training=torch.onnx.TrainingMode.TRAINING,
+        input_names=list(input_names),
+        output_names=list(output_names),
+        verbose=False,
+        optimize=False,
+    )
     # The exporter's optimizer (optimize=True) is needed (it turns SplitToSequence + SequenceAt,
     # which have no gradient in onnxruntime, back into Split), but it treats parameters as
     # constants: it folds ops that read them (GPT-2's position embedding disappeared) and merges

@@ -19,12 +19,11 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from onnx_remat.errors import RematError
+from onnx_remat.errors import RematError, one_line
 from onnx_remat.ortsim.registry import check_runtime_support
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
-OPTIMIZER_MODEL = "optimizer_model.onnx"
 CHECKPOINT = "checkpoint"
 
 # protobuf cannot serialize a message of 2 GiB or more: such models must use external data.
@@ -56,12 +55,6 @@ class LoadedModel:
         """The artifacts checkpoint beside the training graph, if there is one."""
         candidate = self.path.parent / CHECKPOINT
         return candidate if candidate.exists() else None
-
-
-def is_artifacts_dir(path: str | os.PathLike) -> bool:
-    """True if ``path`` is a directory holding a ``training_model.onnx``."""
-    p = Path(path)
-    return p.is_dir() and (p / TRAINING_MODEL).is_file()
 
 
 def find_model_file(path: str | os.PathLike) -> tuple[Path, Path | None]:
@@ -107,22 +100,16 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(file.parent))
         except (OSError, ValueError) as exc:
-            raise RematError(f"{file}: its external data cannot be read: {_one_line(exc)}") from None
+            raise RematError(f"{file}: its external data cannot be read: {one_line(exc)}") from None
     if check:
         check_runtime_support(model, file)
     return LoadedModel(model=model, path=file, artifacts_dir=artifacts_dir, external_data=external)
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:
-    return any(
-        t.data_location == onnx.TensorProto.EXTERNAL
-        for t in onnx.external_data_helper._get_all_tensors(model)
-    )
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _refuse_overwrite(out: Path, inputs: tuple[Path, ...], force: bool) -> None:

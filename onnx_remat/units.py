@@ -6,8 +6,19 @@ import re
 
 from onnx_remat.errors import UsageError
 
-_UNITS = {"": 1, "B": 1, "K": 2**10, "KB": 10**3, "KIB": 2**10, "M": 2**20, "MB": 10**6, "MIB": 2**20,
-          "G": 2**30, "GB": 10**9, "GIB": 2**30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 2**10,
+    "KB": 10**3,
+    "KIB": 2**10,
+    "M": 2**20,
+    "MB": 10**6,
+    "MIB": 2**20,
+    "G": 2**30,
+    "GB": 10**9,
+    "GIB": 2**30,
+}
 
 
 def format_bytes(n: int | float | None) -> str:

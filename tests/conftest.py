@@ -72,8 +72,13 @@ def _corpus_key() -> str:
     from importlib import metadata
 
     h = hashlib.sha256()
-    for rel in ("models/corpus.py", "models/__init__.py", "models/export.py", "onnx_remat/exporters.py",
-                "onnx_remat/runtime/artifacts.py"):
+    for rel in (
+        "models/corpus.py",
+        "models/__init__.py",
+        "models/export.py",
+        "onnx_remat/exporters.py",
+        "onnx_remat/runtime/artifacts.py",
+    ):
         h.update((ROOT / rel).read_bytes())
     for dist in ("torch", "transformers", "onnx", "onnxscript", "onnx-ir", "onnxruntime-training-cpu"):
         try:

@@ -107,8 +107,9 @@ class TanhNormNet(nn.Module):
         return self.head(x)
 
 
-def make_artifacts(module: nn.Module, x: torch.Tensor, out: Path, *, exporter: str = "torchscript",
-                   opset: int = 17, loss: str = "mean") -> Path:
+def make_artifacts(
+    module: nn.Module, x: torch.Tensor, out: Path, *, exporter: str = "torchscript", opset: int = 17, loss: str = "mean"
+) -> Path:
     """Export ``module`` on input ``x`` and write its training artifacts into ``out`` (created)."""
     from onnx_remat.exporters import export_for_training, trainable_parameter_names
     from onnx_remat.runtime.artifacts import generate_training_artifacts
@@ -116,6 +117,7 @@ def make_artifacts(module: nn.Module, x: torch.Tensor, out: Path, *, exporter: s
     torch.manual_seed(0)
     model = export_for_training(module, (x,), exporter=exporter, opset=opset, input_names=["x"])
     out.mkdir(parents=True, exist_ok=True)
-    generate_training_artifacts(model, out, requires_grad=trainable_parameter_names(model, module, strict=True),
-                                loss=loss)
+    generate_training_artifacts(
+        model, out, requires_grad=trainable_parameter_names(model, module, strict=True), loss=loss
+    )
     return out

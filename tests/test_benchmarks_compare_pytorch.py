@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, artifacts_dir
 
 MiB = 2**20
@@ -73,9 +72,17 @@ def test_stored_for_recompute_counts_the_dropout_masks():
 def _row(config, runtime, live, ratio, time_ratio, planned=None):
     from benchmarks.compare_pytorch import Row
 
-    return Row(runtime, config, config, planned_peak_bytes=planned, live_peak_bytes=live, peak_ratio=ratio,
-               planned_peak_ratio=ratio if planned else None, time_ratio=time_ratio,
-               step_time_s={"median": 0.5 * time_ratio})
+    return Row(
+        runtime,
+        config,
+        config,
+        planned_peak_bytes=planned,
+        live_peak_bytes=live,
+        peak_ratio=ratio,
+        planned_peak_ratio=ratio if planned else None,
+        time_ratio=time_ratio,
+        step_time_s={"median": 0.5 * time_ratio},
+    )
 
 
 def test_verdict_names_the_masks_when_onnx_remat_falls_short():
@@ -95,12 +102,20 @@ def test_verdict_names_the_masks_when_onnx_remat_falls_short():
 
     # a gap the masks do not cover: the working set at the peak, from the simulated breakdown
     rows["remat"].live_peak_bytes = 100 * MiB
-    breakdown = {"estimated_peak_bytes": 100 * MiB, "peak_node": "n", "stored_bytes": 40 * MiB,
-                 "stored_mask_bytes": 20 * MiB, "recompute_bytes": 30 * MiB, "backward_bytes": 30 * MiB,
-                 "held_bytes": 25 * MiB}
+    breakdown = {
+        "estimated_peak_bytes": 100 * MiB,
+        "peak_node": "n",
+        "stored_bytes": 40 * MiB,
+        "stored_mask_bytes": 20 * MiB,
+        "recompute_bytes": 30 * MiB,
+        "backward_bytes": 30 * MiB,
+        "held_bytes": 25 * MiB,
+    }
     v = verdict(rows, stored, {"block_input_bytes": 20 * MiB}, breakdown)
-    assert v["reason"].startswith("larger working set at the peak (60.0 MiB vs at most 40.0 MiB in PyTorch; "
-                                  "25.0 MiB of onnx-remat's peak are buffers held for reuse)")
+    assert v["reason"].startswith(
+        "larger working set at the peak (60.0 MiB vs at most 40.0 MiB in PyTorch; "
+        "25.0 MiB of onnx-remat's peak are buffers held for reuse)"
+    )
 
 
 def test_verdict_when_only_the_baselines_differ():
@@ -127,14 +142,32 @@ def test_markdown_has_both_ratios_side_by_side():
     }
     rows["remat"].gradients_identical = True
     report = {
-        "date": "2025-01-01T00:00:00+00:00", "command": "python -m benchmarks.compare_pytorch", "steps": 1,
-        "warmup": 1, "device": "cpu",
-        "machine": {"cpu": "x", "cores": 2, "torch": "2", "onnxruntime": "1.19.2", "onnx_remat": "0.1.0",
-                    "git_head": "abc", "loadavg_start": [0.1], "loadavg_end": [0.2]},
-        "models": [{"name": "m", "rows": [r.to_json() for r in rows.values()],
-                    "stored": {"onnx_remat": {"dropout_masks": 0, "dropout_mask_bytes": 0, "other_bytes": 0,
-                                              "total_bytes": 0}, "pytorch_checkpoint": {"block_input_bytes": 0}},
-                    "verdict": verdict(rows, None, None)}],
+        "date": "2025-01-01T00:00:00+00:00",
+        "command": "python -m benchmarks.compare_pytorch",
+        "steps": 1,
+        "warmup": 1,
+        "device": "cpu",
+        "machine": {
+            "cpu": "x",
+            "cores": 2,
+            "torch": "2",
+            "onnxruntime": "1.19.2",
+            "onnx_remat": "0.1.0",
+            "git_head": "abc",
+            "loadavg_start": [0.1],
+            "loadavg_end": [0.2],
+        },
+        "models": [
+            {
+                "name": "m",
+                "rows": [r.to_json() for r in rows.values()],
+                "stored": {
+                    "onnx_remat": {"dropout_masks": 0, "dropout_mask_bytes": 0, "other_bytes": 0, "total_bytes": 0},
+                    "pytorch_checkpoint": {"block_input_bytes": 0},
+                },
+                "verdict": verdict(rows, None, None),
+            }
+        ],
     }
     md = to_markdown(report)
     summary = next(line for line in md.splitlines() if line.startswith("| m |"))
@@ -146,8 +179,23 @@ def test_markdown_has_both_ratios_side_by_side():
 @pytest.mark.slow
 def test_benchmark_runs_end_to_end_on_fc5(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare_pytorch", "--models", "fc5", "--steps", "1", "--rounds", "1", "--out", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.compare_pytorch",
+            "--models",
+            "fc5",
+            "--steps",
+            "1",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "cpu.json").read_text())

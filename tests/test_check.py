@@ -16,13 +16,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, assert_one_line_error
 
 SCOPE = "blocks.*"
 BASELINES = ROOT / "models" / "baselines"
 
-SITECUSTOMIZE = '''
+SITECUSTOMIZE = """
 import os
 if os.environ.pop("ONNX_REMAT_TEST_FAULT", None) == "no-dropout-replay":
     import onnx_remat.remat.rewrite as _r
@@ -30,7 +29,7 @@ if os.environ.pop("ONNX_REMAT_TEST_FAULT", None) == "no-dropout-replay":
     def _faulty(self, **kwargs):
         _init(self, **dict(kwargs, replay_dropout=False))
     _r.RecomputeRewrite.__init__ = _faulty
-'''
+"""
 
 
 def wrong_apply(model, *, scopes=None, op_types=None, nodes=None, recompute_outputs=False, dims=None):
@@ -159,8 +158,8 @@ def test_update_accepts_a_model_change(bigger_model_dir, baseline):
 
 @pytest.mark.parametrize("value", [-0.01, float("nan"), "abc"])
 def test_bad_thresholds_are_usage_errors(model_dir, baseline, value):
-    from onnx_remat.runtime.gate import check
     from onnx_remat.errors import UsageError
+    from onnx_remat.runtime.gate import check
 
     with pytest.raises(UsageError):
         check(model_dir, scopes=SCOPE, baseline=baseline, max_peak_increase=value)
@@ -176,8 +175,15 @@ def test_cli_passes(cli, model_dir, baseline, tmp_path):
     assert "PASSED" in proc.stdout and "planned peak, rewritten" in proc.stdout
     data = json.loads(out.read_text())
     assert data["passed"] is True and data["baseline"] == str(baseline)
-    assert {c["name"] for c in data["checks"]} >= {"gradients", "original_planned_peak", "rewritten_planned_peak",
-                                                   "clones", "clones_kept", "barriers_kept", "step_time_ratio"}
+    assert {c["name"] for c in data["checks"]} >= {
+        "gradients",
+        "original_planned_peak",
+        "rewritten_planned_peak",
+        "clones",
+        "clones_kept",
+        "barriers_kept",
+        "step_time_ratio",
+    }
     assert data["comparison"]["equal"] is True
 
 
@@ -208,8 +214,15 @@ def test_cli_fails_when_gradients_stop_matching(cli, model_dir, baseline, tmp_pa
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    proc = cli("check", model_dir, "--scope", SCOPE, "--baseline", baseline,
-               env={"PYTHONPATH": str(hook), "ONNX_REMAT_TEST_FAULT": "no-dropout-replay"})
+    proc = cli(
+        "check",
+        model_dir,
+        "--scope",
+        SCOPE,
+        "--baseline",
+        baseline,
+        env={"PYTHONPATH": str(hook), "ONNX_REMAT_TEST_FAULT": "no-dropout-replay"},
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     tail = proc.stdout.split("FAILED")[-1]
     assert "loss and gradients equal" in tail
@@ -229,11 +242,14 @@ def test_cli_missing_baseline_is_a_usage_error(cli, model_dir, tmp_path):
     assert_one_line_error(proc, "no such baseline", "--update-baseline", code=2)
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["--max-peak-increase", "abc"], "not a percentage"),
-    (["--max-peak-increase", "-2%"], "max_peak_increase"),
-    (["--max-time-increase", "25"], "write 25%"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--max-peak-increase", "abc"], "not a percentage"),
+        (["--max-peak-increase", "-2%"], "max_peak_increase"),
+        (["--max-time-increase", "25"], "write 25%"),
+    ],
+)
 def test_cli_bad_thresholds_exit_2(cli, model_dir, baseline, args, fragment):
     proc = cli("check", model_dir, "--scope", SCOPE, "--baseline", baseline, *args)
     assert_one_line_error(proc, fragment, code=2)

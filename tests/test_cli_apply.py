@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 
-
 from conftest import artifacts_dir, assert_one_line_error
 
 
@@ -126,8 +125,17 @@ def test_missing_model_and_usage_errors(cli, tmp_path):
 
 
 def test_apply_measure_prints_the_before_after_table(cli, tmp_path):
-    proc = cli("apply", artifacts_dir("fc5"), "--scope", "FCBlock", "-o", tmp_path / "out", "--measure",
-               "--json", tmp_path / "s.json")
+    proc = cli(
+        "apply",
+        artifacts_dir("fc5"),
+        "--scope",
+        "FCBlock",
+        "-o",
+        tmp_path / "out",
+        "--measure",
+        "--json",
+        tmp_path / "s.json",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "planned peak" in proc.stdout and "PASSED" in proc.stdout
     data = json.loads((tmp_path / "s.json").read_text())

@@ -8,11 +8,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from models.corpus import CORPUS  # noqa: E402
-
-import onnx_remat  # noqa: E402
+import onnx_remat
+from models.corpus import CORPUS
 from onnx_remat.graph import tags
-from onnx_remat.runtime.compare import compare  # noqa: E402
+from onnx_remat.runtime.compare import compare
 
 NAMES = list(CORPUS)
 

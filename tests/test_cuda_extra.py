@@ -22,7 +22,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, artifacts_dir
 
 VENV = os.environ.get("ONNX_REMAT_CUDA_VENV")
@@ -66,7 +65,9 @@ def test_cuda_device_without_a_gpu_is_exit_3():
     cli = Path(VENV) / "bin" / "onnx-remat"
     proc = subprocess.run(
         [str(cli), "measure", artifacts_dir("fc5"), "--device", "cuda", "--steps", "1"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 3, (proc.stdout, proc.stderr)
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

@@ -7,17 +7,17 @@ import json
 import numpy as np
 import onnx
 import pytest
+from conftest import artifacts_dir
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import artifacts_dir
 from models import MODELS
-from onnx_remat.ortsim.shapes import infer_runtime_shapes
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
+from onnx_remat.ortsim.optimizer import optimize, runtime_graph
 from onnx_remat.ortsim.order import default_order, order_from_names, priority_order
 from onnx_remat.ortsim.planner import plan_memory
-from onnx_remat.ortsim.optimizer import optimize, runtime_graph
-from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.ortsim.shapes import infer_runtime_shapes
 
 NAMES = list(MODELS)
 # onnxruntime-training-cpu 1.19.2's planned activation peak (the memory-pattern block, largest arena
@@ -67,7 +67,9 @@ def test_estimate_matches_measured_peaks(estimates, name):
     ):
         err = got / measured - 1
         print(f"{name} {label}: estimated {got / 2**20:.2f} MiB, measured {measured / 2**20:.2f} MiB ({err:+.2%})")
-        assert abs(err) <= tol, f"{name} {label}: {err:+.2%} (if the rewrite changed, re-measure MEASURED_{label.upper()})"
+        assert abs(err) <= tol, (
+            f"{name} {label}: {err:+.2%} (if the rewrite changed, re-measure MEASURED_{label.upper()})"
+        )
     assert est.ratio is not None and est.ratio < 0.6
 
 
@@ -163,7 +165,8 @@ def test_default_order_visits_higher_indices_first():
 
 def _tiny(nodes, inputs, outputs, inits=(), value_info=()):
     graph = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(inits), value_info=list(value_info))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)],
+    imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports,
                              ir_version=8)
 
 

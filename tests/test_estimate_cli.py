@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import onnx
-
 from conftest import artifacts_dir, assert_one_line_error
 
 
@@ -27,7 +26,7 @@ def test_estimate_cli_svg_plot_and_order_file(cli, tmp_path):
     order = tmp_path / "order.json"
     est = cli("estimate", artifacts_dir("fc5"), "--json", "-")
     assert est.returncode == 0, est.stderr
-    names = json.loads(est.stdout[est.stdout.index("{"):])["before"]["timeline"]["nodes"]
+    names = json.loads(est.stdout[est.stdout.index("{") :])["before"]["timeline"]["nodes"]
     order.write_text(json.dumps(names))
     svg = tmp_path / "t.svg"
     proc = cli("estimate", artifacts_dir("fc5"), "--order", order, "--plot", svg)

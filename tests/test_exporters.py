@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from onnx_remat.exporters import (  # noqa: E402
+from onnx_remat.exporters import (
     CLASS_HIERARCHY_KEY,
     NAME_SCOPES_KEY,
     NAMESPACE_KEY,
@@ -224,9 +224,17 @@ def test_maxpool_gradient_right_without_indices(tmp_path):
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(module, (x,), f, dynamo=False, opset_version=17, input_names=["x"],
-                          output_names=["y"], training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False)
+        torch.onnx.export(
+            module,
+            (x,),
+            f,
+            dynamo=False,
+            opset_version=17,
+            input_names=["x"],
+            output_names=["y"],
+            training=torch.onnx.TrainingMode.TRAINING,
+            do_constant_folding=False,
+        )
     model = add_gradient_outputs(onnx.load_from_string(f.getvalue()))
     assert [len(n.output) for n in model.graph.node if n.op_type == "MaxPool"] == [1]
     loss, grads = _run_training(tmp_path, model, module, x.numpy(), labels.numpy())

@@ -7,9 +7,9 @@ import random
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
+from conftest import ARTIFACTS
 from onnx import TensorProto, helper
 
-from conftest import ARTIFACTS
 from onnx_remat.errors import RematError
 from onnx_remat.graph.bridge import ModelGraph
 from onnx_remat.graph.toposort import stable_toposort
@@ -60,7 +60,10 @@ def test_toposort_sorts_long_reversed_chains_without_recursion():
 def test_toposort_is_stable_for_independent_nodes():
     nodes = _chain(20)
     random.Random(0).shuffle(nodes)
-    free = [gs.Node(op="Relu", name=f"free{i}", inputs=[gs.Variable(f"in{i}")], outputs=[gs.Variable(f"o{i}")]) for i in range(5)]
+    free = [
+        gs.Node(op="Relu", name=f"free{i}", inputs=[gs.Variable(f"in{i}")], outputs=[gs.Variable(f"o{i}")])
+        for i in range(5)
+    ]
     order = stable_toposort(free + nodes)
     assert [n.name for n in order[:5]] == [f"free{i}" for i in range(5)]
 

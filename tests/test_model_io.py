@@ -6,8 +6,8 @@ import os
 
 import onnx
 import pytest
-
 from conftest import artifacts_dir
+
 from onnx_remat import apply
 from onnx_remat.errors import RematError
 from onnx_remat.model_io import load_model, save_model, write_artifacts
@@ -63,7 +63,9 @@ def test_external_data_round_trip(tmp_path):
     model = onnx.load(str(src))
     # Training graphs keep parameters as inputs; add a large constant so there is data to externalize.
     model.graph.initializer.append(numpy_helper.from_array(np.zeros((256, 256), np.float32), "unused_table"))
-    onnx.save_model(model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data", size_threshold=0)
+    onnx.save_model(
+        model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data", size_threshold=0
+    )
     assert (tmp_path / "ext.onnx.data").exists()
     loaded = load_model(tmp_path / "ext.onnx")
     assert loaded.external_data
@@ -81,7 +83,12 @@ def test_external_data_round_trip(tmp_path):
 def test_artifacts_directory_is_written_whole(tmp_path):
     result = apply(artifacts_dir("fc5"), scopes="FCBlock")
     out = result.save(tmp_path / "fc5_remat")
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "training_model.onnx",
+    ]
     umask = os.umask(0)
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # a normal directory, not mkdtemp's 0700

@@ -17,9 +17,9 @@ if str(ROOT) not in sys.path:
 torch = pytest.importorskip("torch")
 ort = pytest.importorskip("onnxruntime")
 
-from models import MODELS, ModelSpec  # noqa: E402
-from models.export import DEFAULT_OUT, ONNX_FILES, export_artifacts  # noqa: E402
-from onnx_remat.exporters import CLASS_HIERARCHY_KEY, NAME_SCOPES_KEY  # noqa: E402
+from models import MODELS, ModelSpec
+from models.export import DEFAULT_OUT, ONNX_FILES, export_artifacts
+from onnx_remat.exporters import CLASS_HIERARCHY_KEY, NAME_SCOPES_KEY
 
 ARTIFACTS = DEFAULT_OUT
 NAMES = list(MODELS)
@@ -64,7 +64,7 @@ def _feeds(spec: ModelSpec, model: onnx.ModelProto, state) -> dict[str, np.ndarr
     return feeds
 
 
-def _session(model: onnx.ModelProto | Path) -> "ort.InferenceSession":
+def _session(model: onnx.ModelProto | Path) -> ort.InferenceSession:
     ort.set_default_logger_severity(3)
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     return ort.InferenceSession(data, providers=["CPUExecutionProvider"])

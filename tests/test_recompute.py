@@ -6,13 +6,13 @@ import json
 
 import onnx
 import pytest
-
 from conftest import artifacts_dir
+
 from onnx_remat import apply
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.remat.rewrite import RecomputeRewrite
 from onnx_remat.graph import tags
+from onnx_remat.remat.rewrite import RecomputeRewrite
 
 
 @pytest.fixture(scope="module")

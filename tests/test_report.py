@@ -8,9 +8,9 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import artifacts_dir, assert_one_line_error
 
 import onnx_remat
-from conftest import artifacts_dir, assert_one_line_error
 from onnx_remat.show.report import write_report
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
@@ -45,10 +45,12 @@ def test_report_cli(cli, tmp_path):
     proc = cli("report", artifacts_dir("fc5"), "--scope", "FCBlock", "-o", out)
     assert proc.returncode == 0, proc.stderr
     assert out.exists() and "wrote" in proc.stdout
-    assert_one_line_error(cli("report", artifacts_dir("fc5"), "--scope", "FCBlock", "-o", tmp_path / "r.pdf"),
-                          "give a .html path")
-    assert_one_line_error(cli("report", artifacts_dir("fc5"), "--scope", "Missing", "-o", tmp_path / "x.html"),
-                          "matches no scope")
+    assert_one_line_error(
+        cli("report", artifacts_dir("fc5"), "--scope", "FCBlock", "-o", tmp_path / "r.pdf"), "give a .html path"
+    )
+    assert_one_line_error(
+        cli("report", artifacts_dir("fc5"), "--scope", "Missing", "-o", tmp_path / "x.html"), "matches no scope"
+    )
     assert not (tmp_path / "x.html").exists()
 
 
@@ -58,11 +60,24 @@ def test_report_renders_in_headless_chromium(report_page, tmp_path):
 
     shot = tmp_path / "shot.png"
     proc = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1280,2000",
-         report_page.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1280,2000",
+            report_page.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert shot.exists(), proc.stderr[-2000:]
     assert shot.stat().st_size > 50_000

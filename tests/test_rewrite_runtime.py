@@ -8,8 +8,8 @@ run: after their trigger and after the forward pass, and the planned peak falls.
 from __future__ import annotations
 
 import pytest
-
 from conftest import artifacts_dir
+
 from onnx_remat import apply
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.remat.apply import plan

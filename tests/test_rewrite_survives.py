@@ -9,16 +9,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-import onnx_remat  # noqa: E402
-from onnx_remat.graph import tags
-from onnx_remat.analysis.model import analyze_model  # noqa: E402
-from onnx_remat.remat.apply import plan  # noqa: E402
-from onnx_remat.errors import RematError  # noqa: E402
-from onnx_remat.model_io import write_artifacts  # noqa: E402
-from onnx_remat.remat.rewrite import RecomputeRewrite  # noqa: E402
-from onnx_remat.runtime.compare import compare  # noqa: E402
+from regressions import ChannelNormNet, PostNormNet, TanhNormNet, make_artifacts
 
-from regressions import ChannelNormNet, PostNormNet, TanhNormNet, make_artifacts  # noqa: E402
+import onnx_remat
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.errors import RematError
+from onnx_remat.graph import tags
+from onnx_remat.model_io import write_artifacts
+from onnx_remat.remat.apply import plan
+from onnx_remat.remat.rewrite import RecomputeRewrite
+from onnx_remat.runtime.compare import compare
 
 
 def _rewrite(src, out, selection, **options):

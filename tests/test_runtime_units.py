@@ -13,8 +13,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.graph import tags
 from onnx_remat.errors import EnvironmentProblem, RematError
+from onnx_remat.graph import tags
 from onnx_remat.runtime import cuda
 from onnx_remat.runtime.compare import compare_outputs, max_abs_diff, outputs_equal
 from onnx_remat.runtime.inputs import (
@@ -98,8 +98,8 @@ def test_feeds_are_deterministic_and_in_range():
         assert np.array_equal(a.arrays[name], b.arrays[name])
     assert not np.array_equal(a.arrays["x"], c.arrays["x"])
     assert a.arrays["ids"].shape == (32, 4) and a.arrays["ids"].dtype == np.int64
-    assert 0 <= a.arrays["ids"].min() and a.arrays["ids"].max() < 50
-    assert 0 <= a.arrays["labels"].min() and a.arrays["labels"].max() < 7
+    assert a.arrays["ids"].min() >= 0 and a.arrays["ids"].max() < 50
+    assert a.arrays["labels"].min() >= 0 and a.arrays["labels"].max() < 7
     assert a.buffers == {"emb_grad.accumulation.buffer": "emb", "w_grad.accumulation.buffer": "w"}
     assert a.from_checkpoint == []
     assert prepare_feeds(model, dims={"batch": 2}).from_checkpoint == ["emb", "w"]
@@ -291,7 +291,7 @@ def test_outputs_equal_bitwise_and_tolerance():
     assert not outputs_equal(a, a.astype(np.float64))
     assert max_abs_diff(a, np.zeros(4, np.float32)) is None
     assert max_abs_diff(np.array([np.nan]), np.array([1.0])) == float("inf")
-    equal, diffs, mismatched, only_a, only_b = compare_outputs({"l": a, "g": a}, {"l": a, "h": a})
+    equal, diffs, _, only_a, only_b = compare_outputs({"l": a, "g": a}, {"l": a, "h": a})
     assert not equal and only_a == ["g"] and only_b == ["h"] and diffs["l"] == 0.0
 
 

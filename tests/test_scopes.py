@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import artifacts_dir
+
 from onnx_remat.analysis.model import analyze_model
-from onnx_remat.errors import RematError
 from onnx_remat.analysis.scopes import Scope, _matches, _metadata_chain, _name_chain
+from onnx_remat.errors import RematError
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +32,9 @@ def test_torchscript_names(name, chain):
 def test_dynamo_metadata():
     meta = {
         "pkg.torch.onnx.name_scopes": "['', 'blocks.0', 'blocks.0.drop', 'native_dropout']",
-        "pkg.torch.onnx.class_hierarchy": "['m.Net', 'm.Block', 'torch.nn.modules.dropout.Dropout', 'aten.native_dropout.default']",
+        "pkg.torch.onnx.class_hierarchy": (
+            "['m.Net', 'm.Block', 'torch.nn.modules.dropout.Dropout', 'aten.native_dropout.default']"
+        ),
     }
     assert _metadata_chain(meta) == [("blocks.0", "m.Block"), ("blocks.0.drop", "torch.nn.modules.dropout.Dropout")]
     assert _metadata_chain({"pkg.torch.onnx.name_scopes": "not a list"}) is None

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import MiB, artifacts_dir
+
 from onnx_remat.analysis.model import analyze_model
-from onnx_remat.remat.apply import plan
 from onnx_remat.errors import RematError
+from onnx_remat.remat.apply import plan
 
 
 @pytest.fixture
@@ -21,7 +21,8 @@ def test_per_block_plan(blocks10):
     seg = p.segments[3]
     # Every Block node is recomputed except its output node (MatMul_1, read by the next block).
     assert sorted(n.name for n in seg.recompute) == sorted(
-        f"/blocks.3/{n}" for n in ("Div", "Transpose", "Div_1", "MatMul", "Unsqueeze", "Sub", "Mul", "Add", "Softmax", "drop/Dropout")
+        f"/blocks.3/{n}"
+        for n in ("Div", "Transpose", "Div_1", "MatMul", "Unsqueeze", "Sub", "Mul", "Add", "Softmax", "drop/Dropout")
     )
     assert "/blocks.3/MatMul_1_output_0" in [t.name for t in seg.kept]
     # The dropout mask stays stored; the dropout output is replayed from it.
@@ -70,7 +71,10 @@ def test_random_ops_are_never_recomputed(blocks10):
 def test_recompute_outputs_stages_the_merged_scopes(blocks10):
     p = plan(blocks10, scopes="blocks.[0-1]", recompute_outputs=True)
     # One group, recomputed in two stages: each when the backward pass reaches its scope.
-    assert [(s.label, s.group) for s in p.segments] == [("blocks.0", "blocks.0..blocks.1"), ("blocks.1", "blocks.0..blocks.1")]
+    assert [(s.label, s.group) for s in p.segments] == [
+        ("blocks.0", "blocks.0..blocks.1"),
+        ("blocks.1", "blocks.0..blocks.1"),
+    ]
     first, second = p.segments
     # blocks.0's output is not stored: blocks.1's stage recomputes it (and blocks.0 on the way),
     # starting from the group's input x.
@@ -101,14 +105,20 @@ def _small_from_big(tmp_path):
         helper.make_node("Mul", ["T", "T"], ["y"], name="/small/Mul"),
     ]
     graph = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 1])],
         initializer=[w, v],
     )
     model = helper.make_model(graph, ir_version=8, opset_imports=[helper.make_opsetid("", 18)])
-    artifacts.generate_artifacts(model, requires_grad=["big.w"], loss=artifacts.LossType.MSELoss,
-                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=str(tmp_path))
+    artifacts.generate_artifacts(
+        model,
+        requires_grad=["big.w"],
+        loss=artifacts.LossType.MSELoss,
+        optimizer=artifacts.OptimType.AdamW,
+        artifact_directory=str(tmp_path),
+    )
     return tmp_path
 
 

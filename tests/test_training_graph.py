@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import onnx
 import pytest
-
 from conftest import artifacts_dir
+
 from onnx_remat.analysis.model import analyze_model
+from onnx_remat.analysis.regions import analyze
 from onnx_remat.errors import RematError
 from onnx_remat.graph.bridge import ModelGraph
-from onnx_remat.analysis.regions import GRADIENT_DOC, analyze
+from onnx_remat.graph.conventions import GRADIENT_DOC
 
 
 @pytest.fixture(scope="module")

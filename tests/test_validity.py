@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import onnx
 import pytest
+from conftest import artifacts_dir, assert_one_line_error
 from onnx import TensorProto, helper
 
-from conftest import artifacts_dir, assert_one_line_error
-from onnx_remat.ortsim import ops_table as ort_ops
 from onnx_remat.errors import RematError
 from onnx_remat.model_io import load_model
+from onnx_remat.ortsim import ops_table as ort_ops
 from onnx_remat.ortsim.registry import check_runtime_support, runtime_only
 
 
 def _model(nodes, *, opset=17, ir=8, extra_imports=(), inputs=("x",), outputs=("y",)) -> onnx.ModelProto:
     graph = helper.make_graph(
-        nodes, "g",
+        nodes,
+        "g",
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in inputs],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 4]) for n in outputs],
-        initializer=[helper.make_tensor("scale", TensorProto.FLOAT, [4], [1.0] * 4),
-                     helper.make_tensor("bias", TensorProto.FLOAT, [4], [0.0] * 4)],
+        initializer=[
+            helper.make_tensor("scale", TensorProto.FLOAT, [4], [1.0] * 4),
+            helper.make_tensor("bias", TensorProto.FLOAT, [4], [0.0] * 4),
+        ],
     )
     imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, v) for d, v in extra_imports)]
     return helper.make_model(graph, opset_imports=imports, ir_version=ir)
@@ -39,10 +42,12 @@ def test_onnxruntime_default_domain_ops_are_valid():
 
 def test_structure_is_still_checked_around_onnxruntime_ops():
     # An ONNX op with a wrong attribute next to an onnxruntime op: the checker still sees it.
-    bad = _model([
-        helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["t"], axis=-1),
-        helper.make_node("Softmax", ["t"], ["y"], axis="wrong"),
-    ])
+    bad = _model(
+        [
+            helper.make_node("SimplifiedLayerNormalization", ["x", "scale"], ["t"], axis=-1),
+            helper.make_node("Softmax", ["t"], ["y"], axis="wrong"),
+        ]
+    )
     with pytest.raises(RematError, match="invalid ONNX model"):
         check_runtime_support(bad, "m.onnx")
     undefined = _model([helper.make_node("Relu", ["nowhere"], ["y"])])
@@ -55,11 +60,22 @@ def test_structure_is_still_checked_around_onnxruntime_ops():
     [
         (_model([helper.make_node("Relu", ["x"], ["y"])], ir=11), "IR version 11 is newer than onnxruntime 1.19 loads"),
         (_model([helper.make_node("Relu", ["x"], ["y"])], opset=22), "opset 22 is newer than onnxruntime 1.19 runs"),
-        (_model([helper.make_node("NoSuchOp", ["x"], ["y"])]), "ops onnxruntime 1.19 does not know: NoSuchOp (opset 17"),
+        (
+            _model([helper.make_node("NoSuchOp", ["x"], ["y"])]),
+            "ops onnxruntime 1.19 does not know: NoSuchOp (opset 17",
+        ),
         (_model([helper.make_node("Gelu", ["x"], ["y"])], opset=17), "does not know: Gelu"),  # ONNX Gelu is opset 20
-        (_model([helper.make_node("FusedGelu", ["x"], ["y"], domain="com.microsoft")],
-                extra_imports=[("com.microsoft", 1)]), "FusedGelu (domain com.microsoft"),
-        (_model([helper.make_node("FusedMatMul", ["x", "x"], ["y"], domain="com.microsoft")]), "without an opset import"),
+        (
+            _model(
+                [helper.make_node("FusedGelu", ["x"], ["y"], domain="com.microsoft")],
+                extra_imports=[("com.microsoft", 1)],
+            ),
+            "FusedGelu (domain com.microsoft",
+        ),
+        (
+            _model([helper.make_node("FusedMatMul", ["x", "x"], ["y"], domain="com.microsoft")]),
+            "without an opset import",
+        ),
     ],
 )
 def test_graphs_onnxruntime_refuses_get_one_line(model, fragment):
@@ -94,4 +110,4 @@ def test_op_table_matches_the_installed_onnxruntime():
     for op in sorted(ort_ops.DOMAIN_OPS["com.microsoft"])[:40]:
         assert prober.knows(op, "com.microsoft", 17), op
     assert not prober.knows("NoSuchOp", "com.microsoft", 17)
-    assert ort_ops.ONNXRUNTIME_VERSION == prober.ort.__version__
+    assert prober.ort.__version__ == ort_ops.ONNXRUNTIME_VERSION

@@ -8,11 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import artifacts_dir, assert_one_line_error
+
 from onnx_remat.show.graph_view import graph_view, to_dot, write_graph
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed (apt-get install graphviz)")
+needs_dot = pytest.mark.skipif(
+    shutil.which("dot") is None, reason="Graphviz's dot is not installed (apt-get install graphviz)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +82,9 @@ def test_viz_cli(cli, tmp_path):
 def test_viz_cli_errors(cli, tmp_path):
     art = artifacts_dir("blocks10")
     assert_one_line_error(cli("viz", art, "--scope", "Nope", "-o", tmp_path / "g.dot"), "matches no scope")
-    assert_one_line_error(cli("viz", art, "--scope", "Block", "-o", tmp_path / "g.jpg"), "give a .dot, .svg, .png or .html")
+    assert_one_line_error(
+        cli("viz", art, "--scope", "Block", "-o", tmp_path / "g.jpg"), "give a .dot, .svg, .png or .html"
+    )
     assert_one_line_error(cli("viz", art, "--before", "-o", tmp_path / "g.dot"), "--before needs a selection")
     assert not any(tmp_path.iterdir())
 

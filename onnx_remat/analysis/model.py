@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnx_remat.analysis.regions import TrainingGraph, analyze
+from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.bridge import ModelGraph
 from onnx_remat.model_io import LoadedModel, load_model
 from onnx_remat.ortsim.registry import check_runtime_support
-from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
-from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.analysis.regions import TrainingGraph, analyze
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
 
@@ -69,6 +69,7 @@ def analyze_model(
     """
     source = as_loaded(model)
     if source is None:
+        assert isinstance(model, onnx.ModelProto)
         proto = model
         check_runtime_support(proto)
     else:
@@ -77,7 +78,9 @@ def analyze_model(
         eval_model = source.eval_model_path
     eval_proto = None
     if eval_model is not None:
-        eval_proto = eval_model if isinstance(eval_model, onnx.ModelProto) else load_model(eval_model, check=False).model
+        eval_proto = (
+            eval_model if isinstance(eval_model, onnx.ModelProto) else load_model(eval_model, check=False).model
+        )
     tg = analyze(ModelGraph(proto))
     tree = resolve_scopes(tg, eval_proto)
     sizes = TensorSizes(proto, dims)

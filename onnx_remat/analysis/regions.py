@@ -26,16 +26,15 @@ import onnx_graphsurgeon as gs
 
 from onnx_remat.errors import RematError
 from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.graph.conventions import (
+    ACCUMULATOR_OPS,
+    GRAD_SUFFIX,
+    GRADIENT_DOC,
+    GRADIENT_SUM_PREFIX,
+    buffer_of,
+    is_gradient_node_name,
+)
 from onnx_remat.graph.toposort import stable_toposort
-
-GRADIENT_DOC = "Backward pass"
-ACCUMULATOR_OPS = frozenset({"InPlaceAccumulatorV2", "InPlaceAccumulator", "ZeroGradient"})
-_GRAD_SUFFIX = "_grad"
-
-
-def is_gradient_node_name(name: str) -> bool:
-    """True for the node names onnxruntime's gradient builder gives."""
-    return "_Grad/" in name or name.startswith(("AccumulateGrad_", "GradientAccumulator"))
 
 
 @dataclass
@@ -84,14 +83,6 @@ class TrainingGraph:
                 seen[id(node)] = node
         return sorted(seen.values(), key=lambda n: self.position[id(n)])
 
-    def forward_consumers(self, tensor: gs.Tensor) -> list[gs.Node]:
-        """Forward nodes that read ``tensor``, each once."""
-        seen: dict[int, gs.Node] = {}
-        for node in tensor.outputs:
-            if id(node) not in self.backward_ids:
-                seen[id(node)] = node
-        return list(seen.values())
-
     def counts(self) -> dict[str, int]:
         """Node and tensor counts by region, for summaries."""
         backward = self.backward_nodes
@@ -99,7 +90,7 @@ class TrainingGraph:
             "nodes": len(self.order),
             "forward_nodes": len(self.order) - len(backward),
             "backward_nodes": len(backward),
-            "gradient_sums": sum(1 for n in backward if n.name.startswith("AccumulateGrad_")),
+            "gradient_sums": sum(1 for n in backward if n.name.startswith(GRADIENT_SUM_PREFIX)),
             "gradient_accumulators": sum(1 for n in backward if n.op in ACCUMULATOR_OPS),
             "parameters": len(self.parameters),
             "stashed_activations": len(self.stashed),
@@ -177,11 +168,7 @@ def analyze(mg: ModelGraph) -> TrainingGraph:
                 stashed.append(out)
 
     input_names = {t.name for t in graph.inputs}
-    parameters = [
-        t
-        for t in graph.inputs
-        if t.name + _GRAD_SUFFIX in tensors or t.name + "_grad.accumulation.buffer" in input_names
-    ]
+    parameters = [t for t in graph.inputs if t.name + GRAD_SUFFIX in tensors or buffer_of(t.name) in input_names]
     return TrainingGraph(
         mg=mg,
         order=order,
@@ -198,12 +185,12 @@ def analyze(mg: ModelGraph) -> TrainingGraph:
 def _find_seed_and_loss(graph: gs.Graph, tensors: dict[str, gs.Tensor]):
     """The ``<loss>_grad`` seed (an initializer or input) and the loss it belongs to."""
     for out in graph.outputs:
-        seed = tensors.get(out.name + _GRAD_SUFFIX)
+        seed = tensors.get(out.name + GRAD_SUFFIX)
         if seed is not None and producer(seed) is None:
             return seed, out
     for name, tensor in tensors.items():
-        if name.endswith(_GRAD_SUFFIX) and producer(tensor) is None and tensor.outputs:
-            base = tensors.get(name[: -len(_GRAD_SUFFIX)])
+        if name.endswith(GRAD_SUFFIX) and producer(tensor) is None and tensor.outputs:
+            base = tensors.get(name[: -len(GRAD_SUFFIX)])
             if base is not None and producer(base) is not None:
                 return tensor, base
     return None, None

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnx_remat.errors import RematError
 from onnx_remat.analysis.regions import TrainingGraph
+from onnx_remat.errors import RematError
 
 NAME_SCOPES_KEY = "pkg.torch.onnx.name_scopes"
 CLASS_HIERARCHY_KEY = "pkg.torch.onnx.class_hierarchy"
@@ -204,7 +204,8 @@ def _matches(pattern: str, scope: Scope) -> bool:
     if _path_regex(pattern).match(scope.path):
         return True
     if scope.class_name:
-        return fnmatch.fnmatchcase(scope.short_class, pattern) or fnmatch.fnmatchcase(scope.class_name, pattern)
+        short = scope.short_class or scope.class_name
+        return fnmatch.fnmatchcase(short, pattern) or fnmatch.fnmatchcase(scope.class_name, pattern)
     return False
 
 
@@ -252,7 +253,8 @@ def _name_chain(name: str) -> list[tuple[str, str | None]]:
     if not name.startswith("/"):
         return []
     parts = [p for p in name.split("/")[1:-1] if p]
-    chain, path = [], ""
+    chain: list[tuple[str, str | None]] = []
+    path = ""
     for part in parts:
         if not path or part.startswith(path + "."):
             path = part
@@ -262,7 +264,7 @@ def _name_chain(name: str) -> list[tuple[str, str | None]]:
     return chain
 
 
-def _natural_key(path: str) -> list:
+def natural_key(path: str) -> list:
     """Sort key that puts blocks.2 before blocks.10."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path)]
 
@@ -300,7 +302,7 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         if chain is not None:
             sources.add("node metadata")
         else:
-            meta = eval_meta.get(node.name) or next(
+            meta: dict[str, str] | None = eval_meta.get(node.name) or next(
                 (eval_meta_by_output[o.name] for o in node.outputs if o.name in eval_meta_by_output), None
             )
             if meta is not None:
@@ -328,7 +330,7 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
     _place_runtime_nodes(tg, root, scope_of)
     root.class_name = root_class
     for scope in root.walk():
-        scope.children.sort(key=lambda c: _natural_key(c.path))
+        scope.children.sort(key=lambda c: natural_key(c.path))
     source = " + ".join(sorted(sources)) if sources else "none"
     return ScopeTree(root, scope_of, source)
 

@@ -11,15 +11,14 @@ depends on an unbound symbol, or on nothing known, is ``None``, never a silent z
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 
 import numpy as np
 import onnx
 
-Dim = int | str | None
+from onnx_remat.graph.conventions import base_of_gradient
 
-_GRAD_NAME = re.compile(r"^(?P<base>.+)_grad(?:_\d+)?$")
+Dim = int | str | None
 
 
 def dtype_size(elem_type: int) -> int | None:
@@ -94,19 +93,13 @@ class TensorSizes:
         """Add shapes found elsewhere (e.g. by onnxruntime's symbolic shape inference)."""
         self._add_value_infos(value_infos)
 
-    def add_alias(self, name: str, like: str) -> None:
-        """Declare that tensor ``name`` has the type and shape of tensor ``like`` (e.g. a clone)."""
-        info = self._lookup(like)
-        if info is not None:
-            self._info[name] = info
-
     def _lookup(self, name: str):
         info = self._info.get(name)
         if info is not None and info[1] is not None:
             return info
-        match = _GRAD_NAME.match(name)
-        if match:
-            base = self._info.get(match.group("base"))
+        grad_of = base_of_gradient(name)
+        if grad_of is not None:
+            base = self._info.get(grad_of)
             if base is not None and base[1] is not None:
                 return base
         return info
@@ -129,9 +122,12 @@ class TensorSizes:
             return None
         shape = self.shape(name)
         itemsize = dtype_size(info[0])
-        if shape is None or itemsize is None or any(not isinstance(d, int) for d in shape):
+        if shape is None or itemsize is None:
             return None
-        return int(np.prod(shape, dtype=np.int64)) * itemsize
+        ints = [d for d in shape if isinstance(d, int)]
+        if len(ints) != len(shape):
+            return None
+        return int(np.prod(ints, dtype=np.int64)) * itemsize
 
     # -- hooks for the memory estimator (onnx_remat.estimate); they leave the lookups above as they are --
 

@@ -67,9 +67,7 @@ class ModelGraph:
         self._extras: dict[int, NodeExtras] = {}
         for node, proto in zip(self.graph.nodes, model.graph.node):
             if proto.doc_string or proto.metadata_props:
-                self._extras[id(node)] = NodeExtras(
-                    proto.doc_string, {p.key: p.value for p in proto.metadata_props}
-                )
+                self._extras[id(node)] = NodeExtras(proto.doc_string, {p.key: p.value for p in proto.metadata_props})
 
     def extras(self, node: gs.Node) -> NodeExtras:
         """Doc string and metadata of ``node`` (empty ones if it has none)."""
@@ -84,7 +82,9 @@ class ModelGraph:
         """The model this graph was imported from (not modified by edits to ``graph``)."""
         return self._source
 
-    def to_model(self, extra_opsets: dict[str, int] | None = None, metadata: dict[str, str] | None = None) -> onnx.ModelProto:
+    def to_model(
+        self, extra_opsets: dict[str, int] | None = None, metadata: dict[str, str] | None = None
+    ) -> onnx.ModelProto:
         """Export the (edited) graph as a ModelProto that keeps the source model's fields.
 
         ``extra_opsets`` adds opset imports for domains the edits introduced (an existing

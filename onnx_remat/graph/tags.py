@@ -115,7 +115,7 @@ def is_barrier_name(name: str) -> bool:
 
 def segment_of_name(name: str) -> str | None:
     """Segment label encoded in a barrier node name, else None."""
-    return name[len(BARRIER_PREFIX):] if is_barrier_name(name) else None
+    return name[len(BARRIER_PREFIX) :] if is_barrier_name(name) else None
 
 
 def is_added_name(name: str) -> bool:

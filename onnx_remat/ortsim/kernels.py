@@ -19,7 +19,7 @@ SoftmaxGrad, DropoutGrad, ...) do not declare in-place reuse on CPU.
 
 from __future__ import annotations
 
-MS = "com.microsoft"
+from onnx_remat.graph.conventions import MS_DOMAIN as MS
 
 # (domain, op) -> [(input index, output index)]
 ALIAS: dict[tuple[str, str], tuple[tuple[int, int], ...]] = {

@@ -41,10 +41,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from onnx_remat.ortsim.order import default_order, priority_order
 from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.graph.conventions import MS_DOMAIN as MS
+from onnx_remat.ortsim.order import default_order, priority_order
 
-MS = "com.microsoft"
 RANDOM_OPS = frozenset(
     {"Dropout", "RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
      "Bernoulli", "BiasDropout", "BitmaskDropout", "BitmaskBiasDropout", "DropoutGrad"}
@@ -237,7 +237,9 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
     for proto in g.node:
         domain = "" if proto.domain in ("", "ai.onnx") else proto.domain
         if proto.op_type == "Constant" and domain == "" and len(proto.output) == 1:
-            value = next((a.t for a in proto.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None)
+            value = next(
+                (a.t for a in proto.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None
+            )
             if value is not None:
                 t = onnx.TensorProto()
                 t.CopyFrom(value)
@@ -313,7 +315,12 @@ def _level2_rules(rg: RuntimeGraph) -> bool:
     return changed
 
 
-_NOOP_IDENTITY = {("", "Add"): (0.0, (0, 1)), ("", "Sub"): (0.0, (1,)), ("", "Mul"): (1.0, (0, 1)), ("", "Div"): (1.0, (1,))}
+_NOOP_IDENTITY = {
+    ("", "Add"): (0.0, (0, 1)),
+    ("", "Sub"): (0.0, (1,)),
+    ("", "Mul"): (1.0, (0, 1)),
+    ("", "Div"): (1.0, (1,)),
+}
 
 
 def _noop_elimination(rg: RuntimeGraph, node: RuntimeNode) -> bool:

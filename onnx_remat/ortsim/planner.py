@@ -34,9 +34,9 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from onnx_remat.analysis.sizes import dtype_size
 from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
 from onnx_remat.ortsim.optimizer import RuntimeGraph
-from onnx_remat.analysis.sizes import dtype_size
 
 ALIGNMENT = 256
 
@@ -221,7 +221,8 @@ def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
             else:
                 for a in inplace_inputs(n.domain, n.op, k, len(n.inputs)):
                     x = n.inputs[a]
-                    if x and use.get(buffer_of(x), 0) == 1 and shape_key(x) is not None and shape_key(x) == shape_key(o):
+                    same_shape = shape_key(x) is not None and shape_key(x) == shape_key(o)
+                    if x and use.get(buffer_of(x), 0) == 1 and same_shape:
                         src, kind = x, "inplace"
                         break
             if src is None:

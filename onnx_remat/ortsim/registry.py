@@ -22,8 +22,8 @@ import os
 
 import onnx
 
+from onnx_remat.errors import RematError, one_line
 from onnx_remat.ortsim import ops_table as ort_ops
-from onnx_remat.errors import RematError
 
 MAX_IR_VERSION = 10
 MAX_OPSET = 21
@@ -147,9 +147,6 @@ def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: in
     try:
         onnx.checker.check_model(skeleton)
     except onnx.checker.ValidationError as exc:
-        raise RematError(f"{where}: invalid ONNX model: {_one_line(exc)}") from None
+        raise RematError(f"{where}: invalid ONNX model: {one_line(exc)}") from None
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

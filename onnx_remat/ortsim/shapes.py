@@ -27,8 +27,8 @@ import onnx
 from onnx import TensorProto, helper
 
 from onnx_remat.analysis.sizes import Dim, TensorSizes
+from onnx_remat.graph.conventions import MS_DOMAIN as MS
 
-MS = "com.microsoft"
 Shape = tuple[Dim, ...]
 # A rule gets (input shapes, input element types, attributes) and returns per output
 # (element type, shape) or None where it cannot tell.
@@ -202,7 +202,9 @@ def _topological(nodes: Sequence[onnx.NodeProto]) -> list[int]:
     return order
 
 
-def infer_runtime_shapes(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 1024) -> RuntimeShapeReport:
+def infer_runtime_shapes(
+    model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 1024
+) -> RuntimeShapeReport:
     """Infer the shapes onnxruntime would know and add them to ``sizes`` (see the module docstring)."""
     graph = model.graph
     opsets = {op.domain or "": op.version for op in model.opset_import}

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -21,11 +22,11 @@ import onnx
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError
 from onnx_remat.model_io import TRAINING_MODEL, save_model, write_artifacts
-from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.ortsim.optimizer import execution_order
+from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
 from onnx_remat.remat.random_ops import is_random
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
-from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
 from onnx_remat.units import format_bytes
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ def plan(
 
 
 def apply(
-    model: ModelLike,
+    model: ModelLike | ModelAnalysis,
     *,
     scopes: str | Iterable[str] | None = None,
     op_types: str | Iterable[str] | None = None,
@@ -142,7 +143,9 @@ def apply(
 ) -> ApplyResult:
     """Recompute the selected activations of a training graph; returns an :class:`ApplyResult`.
 
-    ``model``: a training graph file, an artifacts directory, or an ``onnx.ModelProto``.
+    ``model``: a training graph file, an artifacts directory, an ``onnx.ModelProto``, or the
+    :class:`~onnx_remat.analysis.ModelAnalysis` of one (which is used, not redone; ``dims`` and
+    ``eval_model`` are then ignored).
     Select with ``scopes`` (module paths, globs or class names, e.g. ``"Block"`` or
     ``"blocks.*"``), ``op_types`` (``"Softmax,Gelu"``) and/or ``nodes`` (node names);
     ``recompute_outputs`` merges adjacent recomputed scopes (MindSpore's ``output_recompute``).
@@ -155,64 +158,76 @@ def apply(
     call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
     a selection that matches nothing, or one of which nothing can be recomputed.
     """
-    from onnx_remat.estimate import check_dims
+    from onnx_remat.estimate import estimate_original, estimate_rewritten
 
-    analysis = analyze_model(model, eval_model=eval_model, dims=dims)
+    analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
-    selection = dict(scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
     notes: list[str] = []
     before = None
     if check_peak:
         try:
-            check_dims(analysis)
-            before = _estimate(analysis.model, analysis.sizes.dims)
+            before = estimate_original(analysis)
         except RematError as exc:
             notes.append(f"the planned peak was not checked: {exc}")
     order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
 
+    full_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
     dropped: dict[str, str] = {}
     while True:
-        recompute_plan = plan(analysis, **selection)
-        if dropped:
-            recompute_plan.skipped += [SkippedSegment(label, why) for label, why in dropped.items()]
-            recompute_plan.segments = [s for s in recompute_plan.segments if s.label not in dropped]
+        recompute_plan = dataclasses.replace(
+            full_plan,
+            segments=[s for s in full_plan.segments if s.label not in dropped],
+            skipped=full_plan.skipped + [SkippedSegment(label, why) for label, why in dropped.items()],
+        )
         if not recompute_plan.segments:
             raise RematError(nothing_to_recompute(recompute_plan))
         rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
-        after = _estimate(rewrite.model, analysis.sizes.dims) if before is not None else None
-        if after is None or after.planned_peak_bytes <= before.planned_peak_bytes:
+        if before is None:
+            after = None
+            break
+        after = estimate_rewritten(analysis, rewrite.model)
+        if after.planned_peak_bytes <= before.planned_peak_bytes:
             break
         label = _culprit(after, rewrite)
-        dropped[label] = (
-            f"would raise the estimated planned peak by {format_bytes(after.planned_peak_bytes - before.planned_peak_bytes)}"
-            f" (to {format_bytes(after.planned_peak_bytes)})"
-        )
-        # The rewrite edited the analysis' graph: plan again from a fresh one.
-        analysis = analyze_model(analysis.source or analysis.model, eval_model=eval_model, dims=dims)
+        rise = after.planned_peak_bytes - before.planned_peak_bytes
+        to = format_bytes(after.planned_peak_bytes)
+        dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
     check_runtime_support(rewrite.model, "rewritten model")
     unknown = recompute_plan.unknown_sizes
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
         notes.append(f"{len(unknown)} tensors of unknown size are not counted in the bytes released{hint}")
-    return ApplyResult(model=rewrite.model, plan=recompute_plan, rewrite=rewrite, analysis=analysis, notes=notes,
-                       estimate_before=before, estimate_after=after)
+    return ApplyResult(
+        model=rewrite.model,
+        plan=recompute_plan,
+        rewrite=rewrite,
+        analysis=analysis,
+        notes=notes,
+        estimate_before=before,
+        estimate_after=after,
+    )
 
 
 def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
-    """The one-line reason why a plan has no segment: each distinct reason once, with what it is about."""
-    groups: dict[str, list[str]] = {}
+    """The one-line reason why a plan has no segment: each kind of reason once, with what it is about."""
+    groups: dict[str, list[tuple[str, str]]] = {}
     for s in recompute_plan.skipped:
-        groups.setdefault(s.reason, []).append(f"segment {s.label}")
+        groups.setdefault(s.reason.split(":")[0], []).append((f"segment {s.label}", s.reason))
     for note in recompute_plan.notes:
         if "nothing to recompute" not in note and "no stored activation" not in note:
             continue
         what, _, why = note.partition(": ")
-        groups.setdefault(why, []).append(what)
+        groups.setdefault(why.split(" (")[0], []).append((what, why))
     parts = []
-    for why, whats in groups.items():
-        who = whats[0] if len(whats) == 1 else f"{len(whats)} {whats[0].split()[0]}s ({_span(whats)})"
-        parts.append(f"{who}: {why}")
+    for head, items in groups.items():
+        if len(items) == 1:
+            parts.append(f"{items[0][0]}: {items[0][1]}")
+        else:
+            kind = items[0][0].split()[0]
+            example = items[0][1][len(head) :].lstrip(": ")
+            detail = f" (e.g. {items[0][0].split(' ', 1)[-1]}: {example})" if example else ""
+            parts.append(f"{len(items)} {kind}s ({_span([w for w, _ in items])}): {head}{detail}")
     if not parts:
         parts = ["the selection holds no activation the backward pass reads"]
     return "nothing to recompute: " + "; ".join(parts)
@@ -221,15 +236,6 @@ def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
 def _span(whats: list[str]) -> str:
     names = [w.split(" ", 1)[-1] for w in whats]
     return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
-
-
-def _estimate(model: onnx.ModelProto, dims: dict[str, int]):
-    """The estimated memory of ``model`` (:class:`~onnx_remat.estimate.MemoryEstimate`)."""
-    from onnx_remat.estimate import estimate_graph
-    from onnx_remat.analysis.sizes import TensorSizes
-
-    est, _, _ = estimate_graph(model, TensorSizes(model, dims))
-    return est
 
 
 def _runtime_order(before, analysis: ModelAnalysis) -> list[str]:

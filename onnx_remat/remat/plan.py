@@ -36,12 +36,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
+from onnx_remat.analysis.scopes import ScopeTree
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.ortsim.kernels import written_inputs
-from onnx_remat.analysis.scopes import ScopeTree
 from onnx_remat.remat.random_ops import is_random, is_replayable
-from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _TRANSPOSE_FUSING = frozenset({"MatMul", "FusedMatMul", "Gemm", "TransposeMatMul"})
@@ -255,7 +255,9 @@ class Planner:
     def _scope_segments(self, patterns: list[str], recompute_outputs: bool, notes: list[str]) -> list[Segment]:
         match = self.tree.match(patterns)
         for inner, outer in match.nested:
-            notes.append(f"scope {inner.path} is inside {outer.path} (also matched): recomputed as part of {outer.path}")
+            notes.append(
+                f"scope {inner.path} is inside {outer.path} (also matched): recomputed as part of {outer.path}"
+            )
         scopes = match.scopes
         members = [s.all_nodes() for s in scopes]
         groups = [[i] for i in range(len(scopes))]
@@ -284,8 +286,10 @@ class Planner:
             else:
                 staged = self._staged_group(label, [scopes[i] for i in g], nodes, notes)
             if not staged:
-                notes.append(f"scope {label}: no stored activation can be recomputed (none is read by the "
-                             "backward pass, or each is the scope's output, random, or next to a Transpose)")
+                notes.append(
+                    f"scope {label}: no stored activation can be recomputed (none is read by the "
+                    "backward pass, or each is the scope's output, random, or next to a Transpose)"
+                )
             segments.extend(staged)
         return segments
 
@@ -344,15 +348,12 @@ class Planner:
                     break
         candidates = {id(n) for n in nodes if id(n) not in output_nodes and self.cloneable(n)}
         targets = [t for n in nodes if id(n) in candidates for t in self._recomputable_outputs(n)]
-        kept = [
-            t
+        kept = [t for n in nodes if id(n) not in candidates for t in n.outputs if t.name in self._stashed]
+        kept += [
+            n.outputs[1]
             for n in nodes
-            if id(n) not in candidates
-            for t in n.outputs
-            if t.name in self._stashed
+            if id(n) in candidates and is_replayable(n) and n.outputs[1].name in self._stashed
         ]
-        kept += [n.outputs[1] for n in nodes if id(n) in candidates and is_replayable(n)
-                 and n.outputs[1].name in self._stashed]
         return candidates, targets, kept
 
     def _scope_segment(self, label: str, paths: list[str], nodes: list[gs.Node]) -> Segment | None:
@@ -375,8 +376,9 @@ class Planner:
             targets_by_node.append((n, outs))
         selected_targets = {t.name for _, outs in targets_by_node for t in outs}
         # Stashed tensors that are themselves selected are pulled in (recomputed), not read.
-        expandable = lambda n: self.cloneable(n) and (  # noqa: E731
-            all(o.name not in self._stashed or o.name in selected_targets for o in n.outputs if o.name)
+        expandable = lambda n: (
+            self.cloneable(n)
+            and (all(o.name not in self._stashed or o.name in selected_targets for o in n.outputs if o.name))
         )
         segments = []
         for n, outs in targets_by_node:
@@ -394,7 +396,9 @@ class Planner:
             hits = [n for n in forward if n.op == op]
             if not hits:
                 close = difflib.get_close_matches(op, present_ops, n=3)
-                hint = f"; closest: {', '.join(close)}" if close else f"; forward op types: {', '.join(present_ops[:12])}"
+                hint = (
+                    f"; closest: {', '.join(close)}" if close else f"; forward op types: {', '.join(present_ops[:12])}"
+                )
                 raise RematError(f"op type {op!r} matches no forward node{hint}")
             selected.update((id(n), n) for n in hits)
         if names:
@@ -507,7 +511,9 @@ class Planner:
                 seg.kept = unique_tensors(seg.kept + demoted)
                 if seg.targets:
                     keep = {id(n) for n in seg.recompute}
-                    rebuilt = self._segment(seg.label, seg.kind, seg.scopes, seg.targets, lambda n: id(n) in keep, seg.kept)
+                    rebuilt = self._segment(
+                        seg.label, seg.kind, seg.scopes, seg.targets, lambda n, keep=keep: id(n) in keep, seg.kept
+                    )
                     seg.recompute, seg.boundary = rebuilt.recompute, rebuilt.boundary
             segments = [s for s in segments if s.targets]
             if not changed:
@@ -546,5 +552,3 @@ class Planner:
                 f"{seg.extra_boundary_bytes} B of its inputs alive until the backward pass"
             )
         return None
-
-

@@ -2,8 +2,9 @@
 
 Input: a :class:`~onnx_remat.analysis.regions.TrainingGraph` and a
 :class:`~onnx_remat.remat.plan.RecomputePlan` built on it. Output: a :class:`RewriteResult` with a new
-``onnx.ModelProto``; the input ModelProto is not modified (the TrainingGraph's graphsurgeon graph
-is, so analyse again before rewriting again).
+``onnx.ModelProto``. Functional: the pass edits a fresh copy of the graph, so neither the input
+ModelProto nor the TrainingGraph (nor the plan) changes, and one analysis serves any number of
+rewrites.
 
 For every segment the pass
 
@@ -28,6 +29,8 @@ Clones and barriers are named and tagged as :mod:`onnx_remat.graph.tags` describ
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -37,13 +40,12 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnx_remat import __version__
-from onnx_remat.graph import tags
-from onnx_remat.ortsim.kernels import written_inputs
-from onnx_remat.remat.random_ops import is_random, is_replayable, replay_inputs
-from onnx_remat.remat.plan import RecomputePlan, Segment
 from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
-
-MS_DOMAIN = "com.microsoft"
+from onnx_remat.graph import tags
+from onnx_remat.graph.conventions import MS_DOMAIN
+from onnx_remat.ortsim.kernels import written_inputs
+from onnx_remat.remat.plan import RecomputePlan, Segment
+from onnx_remat.remat.random_ops import is_random, is_replayable, replay_inputs
 
 
 @dataclass
@@ -87,6 +89,41 @@ class RewriteResult:
         return sum(len(s.clones) for s in self.segments)
 
 
+def _working_copy(tg: TrainingGraph, plan: RecomputePlan) -> tuple[TrainingGraph, RecomputePlan]:
+    """A fresh graph of the same model, analysed again, and ``plan`` in terms of its nodes.
+
+    The rewrite edits graphsurgeon objects in place; it edits these, so the caller's analysis
+    stays valid (a pass leaves its input unchanged). Both graphs are imported from the same
+    ModelProto, so node i of one is node i of the other and tensors are matched by name.
+    """
+    from onnx_remat.analysis.regions import analyze
+    from onnx_remat.graph.bridge import ModelGraph
+
+    work = analyze(ModelGraph(tg.mg.source))
+    index = {id(n): i for i, n in enumerate(tg.graph.nodes)}
+    nodes = work.graph.nodes
+    tensors = work.tensors
+
+    def node(n: gs.Node) -> gs.Node:
+        return nodes[index[id(n)]]
+
+    def tensor_list(ts: list[gs.Tensor]) -> list[gs.Tensor]:
+        return [tensors[t.name] for t in ts]
+
+    segments = [
+        dataclasses.replace(
+            seg,
+            recompute=[node(n) for n in seg.recompute],
+            targets=tensor_list(seg.targets),
+            boundary=tensor_list(seg.boundary),
+            kept=tensor_list(seg.kept),
+            notes=list(seg.notes),
+        )
+        for seg in plan.segments
+    ]
+    return work, dataclasses.replace(plan, segments=segments)
+
+
 def check_not_rewritten(tg: TrainingGraph) -> None:
     """Raise :class:`RematError` if onnx-remat's rewrite already added nodes to this graph."""
     from onnx_remat.errors import RematError
@@ -106,8 +143,15 @@ class RecomputeRewrite:
     to show what the barrier and the dropout replay protect against; don't use them otherwise.
     """
 
-    def __init__(self, *, barrier: bool = True, replay_dropout: bool = True, fence: bool = True,
-                 pin_random_order: bool = True, random_order: Sequence[str] | None = None):
+    def __init__(
+        self,
+        *,
+        barrier: bool = True,
+        replay_dropout: bool = True,
+        fence: bool = True,
+        pin_random_order: bool = True,
+        random_order: Sequence[str] | None = None,
+    ):
         self.barrier = barrier
         self.replay_dropout = replay_dropout
         self.fence = fence
@@ -115,9 +159,11 @@ class RecomputeRewrite:
         self.random_order = random_order
 
     def __call__(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
+        """Rewrite a copy of ``tg``'s graph by ``plan`` (made on ``tg``); ``tg`` stays as it was."""
         self.requires(tg, plan)
-        result = self.call(tg, plan)
-        self.ensures(tg, result)
+        work, work_plan = _working_copy(tg, plan)
+        result = self.call(work, work_plan)
+        self.ensures(work, result)
         return result
 
     # -- preconditions -------------------------------------------------------------------------
@@ -128,8 +174,11 @@ class RecomputeRewrite:
 
         check_not_rewritten(tg)
         if not plan.segments:
-            raise RematError("nothing to recompute: " + "; ".join(s.reason for s in plan.skipped) if plan.skipped
-                             else "nothing to recompute")
+            raise RematError(
+                "nothing to recompute: " + "; ".join(s.reason for s in plan.skipped)
+                if plan.skipped
+                else "nothing to recompute"
+            )
 
     # -- the work ------------------------------------------------------------------------------
 
@@ -147,7 +196,9 @@ class RecomputeRewrite:
         done: list[RewrittenSegment] = []
         copies: dict[int, int] = {}  # id(node) -> clones made so far (stages may clone a node again)
         for seg, label, sched in staged:
-            added, rewritten = self._rewrite_segment(tg, seg, label, sched.readers, sched.triggers, sched.insert_at, copies)
+            added, rewritten = self._rewrite_segment(
+                tg, seg, label, sched.readers, sched.triggers, sched.insert_at, copies
+            )
             rewritten.notes.extend(sched.notes)
             late = [n for n in sched.moved if id(n) not in moved]
             moved.update(id(n) for n in late)
@@ -183,15 +234,21 @@ class RecomputeRewrite:
         position = {id(n): k for k, n in enumerate(randoms)}
         randoms.sort(key=lambda n: (rank.get(n.name, len(rank)), position[id(n)]))
         pins: list[str] = []
-        for prev, node in zip(randoms, randoms[1:]):
+        for prev, node in itertools.pairwise(randoms):
             wait_for = prev.outputs[-1] if prev.outputs[-1].name else prev.outputs[0]
             data = node.inputs[0]
             passed = gs.Variable(tags.pin_tensor_name(data.name, node.name), dtype=data.dtype, shape=data.shape)
             # PassThrough needs an output per input (an omitted one crashes onnxruntime's kernel).
-            waited = gs.Variable(tags.pin_tensor_name(wait_for.name, node.name), dtype=wait_for.dtype,
-                                 shape=wait_for.shape)
-            pin = gs.Node(op="PassThrough", name=tags.pin_name(node.name or node.op), domain=MS_DOMAIN,
-                          inputs=[data, wait_for], outputs=[passed, waited])
+            waited = gs.Variable(
+                tags.pin_tensor_name(wait_for.name, node.name), dtype=wait_for.dtype, shape=wait_for.shape
+            )
+            pin = gs.Node(
+                op="PassThrough",
+                name=tags.pin_name(node.name or node.op),
+                domain=MS_DOMAIN,
+                inputs=[data, wait_for],
+                outputs=[passed, waited],
+            )
             tg.mg.set_extras(
                 pin,
                 f"onnx-remat: {node.name or node.op} waits for {prev.name or prev.op} (random ops keep the "
@@ -203,8 +260,13 @@ class RecomputeRewrite:
             pins.append(pin.name)
         return pins
 
-    def _fence(self, tg: TrainingGraph, producers: dict[int, gs.Node], edges_before: dict[int, int],
-               before: dict[int, list[gs.Node]]) -> list[str]:
+    def _fence(
+        self,
+        tg: TrainingGraph,
+        producers: dict[int, gs.Node],
+        edges_before: dict[int, int],
+        before: dict[int, list[gs.Node]],
+    ) -> list[str]:
         """Keep onnxruntime from fusing forward nodes that the rewrite left with one reader.
 
         onnxruntime's session optimizer fuses a node into its reader only when the node has a
@@ -230,12 +292,14 @@ class RecomputeRewrite:
             if tensor.name in graph_outputs or _harmless_fusion(node, reader):
                 continue
             fenced = gs.Variable(tags.fence_tensor_name(tensor.name), dtype=tensor.dtype, shape=tensor.shape)
-            fence = gs.Node(op="PassThrough", name=tags.fence_name(tensor.name), domain=MS_DOMAIN,
-                            inputs=[tensor], outputs=[fenced])
+            fence = gs.Node(
+                op="PassThrough", name=tags.fence_name(tensor.name), domain=MS_DOMAIN, inputs=[tensor], outputs=[fenced]
+            )
             tg.mg.set_extras(
                 fence,
                 f"onnx-remat fence: passes {tensor.name} through (zero copy) so that onnxruntime does not fuse "
-                f"{node.name or node.op} into {reader.name or reader.op} now that the backward pass reads a recomputed copy",
+                f"{node.name or node.op} into {reader.name or reader.op} now that the backward pass reads a "
+                "recomputed copy",
                 {tags.ROLE_KEY: tags.ROLE_FENCE},
             )
             for i, t in enumerate(reader.inputs):
@@ -357,7 +421,9 @@ class RecomputeRewrite:
             pass_outputs = [gated[t.name] for t in gate_order] + [
                 gs.Variable(tags.gate_tensor_name(t.name, label), dtype=t.dtype, shape=t.shape) for t in triggers
             ]
-            barrier = gs.Node(op="PassThrough", name=barrier_name, domain=MS_DOMAIN, inputs=pass_inputs, outputs=pass_outputs)
+            barrier = gs.Node(
+                op="PassThrough", name=barrier_name, domain=MS_DOMAIN, inputs=pass_inputs, outputs=pass_outputs
+            )
             trigger_names = ", ".join(t.name for t in triggers) or "nothing"
             tg.mg.set_extras(
                 barrier,
@@ -388,8 +454,11 @@ class RecomputeRewrite:
         zero = gs.Constant(f"{clone}/scratch_zero_{index}", np.zeros((), dtype=tensor.dtype or np.float32))
         buf = gs.Variable(f"{clone}/scratch_{index}", dtype=tensor.dtype, shape=tensor.shape)
         node = gs.Node(op="Mul", name=f"{clone}/scratch_{index}", inputs=[tensor, zero], outputs=[buf])
-        tg.mg.set_extras(node, f"onnx-remat: scratch buffer for input {index} of {clone}, which its kernel "
-                         "overwrites in place", {tags.ROLE_KEY: tags.ROLE_CLONE})
+        tg.mg.set_extras(
+            node,
+            f"onnx-remat: scratch buffer for input {index} of {clone}, which its kernel overwrites in place",
+            {tags.ROLE_KEY: tags.ROLE_CLONE},
+        )
         out.append(node)
         return buf
 
@@ -494,8 +563,6 @@ def _emit(order: list[gs.Node], before: dict[int, list[gs.Node]], moved: set[int
             stack.append((True, n))
             stack.extend((False, m) for m in reversed(before[id(n)]))
     return out
-
-
 
 
 def _unique_labels(labels: list[str]) -> list[str]:

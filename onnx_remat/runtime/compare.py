@@ -60,8 +60,6 @@ from onnx_remat.runtime.measure import (
     _Workdir,
 )
 
-RATIO_FIELDS = ("planned_peak_bytes", "arena_peak_bytes", "live_peak_bytes", "step_time_s")
-
 
 @dataclass
 class Comparison:
@@ -225,17 +223,34 @@ def compare(
         mb.notes.extend(notes_b)
         if out_a is None or out_b is None:  # pragma: no cover - the worker always writes them
             raise RematError("a measuring process returned no outputs to compare")
+
         def single_threaded():
             return (
-                _reference_outputs(_Prepared(src_a, feeds, path), device=device, seed=seed, workdir=tmp / "a1",
-                                   progress=progress, tag="A"),
-                _reference_outputs(_Prepared(src_b, feeds, path), device=device, seed=seed, workdir=tmp / "b1",
-                                   progress=progress, tag="B"),
+                _reference_outputs(
+                    _Prepared(src_a, feeds, path),
+                    device=device,
+                    seed=seed,
+                    workdir=tmp / "a1",
+                    progress=progress,
+                    tag="A",
+                ),
+                _reference_outputs(
+                    _Prepared(src_b, feeds, path),
+                    device=device,
+                    seed=seed,
+                    workdir=tmp / "b1",
+                    progress=progress,
+                    tag="B",
+                ),
             )
 
         equality_run = "first_step"
-        if (ma.unstable_outputs or mb.unstable_outputs
-                or nondeterministic_ops(src_a.model) or nondeterministic_ops(src_b.model)):
+        if (
+            ma.unstable_outputs
+            or mb.unstable_outputs
+            or nondeterministic_ops(src_a.model)
+            or nondeterministic_ops(src_b.model)
+        ):
             # Multithreaded kernels can make outputs vary run to run (seen: GatherGrad with 2
             # threads): compare one-thread steps instead, which are deterministic.
             equality_run = "single_thread"

@@ -18,6 +18,7 @@ the 300 MB wheel and its 2 GB of CUDA 11.8 libraries (see ``shared/notes/ort-1.1
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -33,14 +34,6 @@ from onnx_remat.errors import EnvironmentProblem
 
 CUDA_DISTRIBUTION = "onnxruntime-training"
 CPU_DISTRIBUTIONS = ("onnxruntime-training-cpu", "onnxruntime", "onnxruntime-gpu")
-REQUIRED_LIBRARIES = (
-    "libcudart.so.11.0",
-    "libcublas.so.11",
-    "libcublasLt.so.11",
-    "libcudnn.so.8",
-    "libcurand.so.10",
-    "libcufft.so.10",
-)
 PROVIDER_LIBRARY = "libonnxruntime_providers_cuda.so"
 
 
@@ -59,7 +52,7 @@ def onnxruntime_dir() -> Path | None:
     spec = importlib.util.find_spec("onnxruntime")
     if spec is None or not spec.submodule_search_locations:
         return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def provider_library() -> Path | None:
@@ -74,14 +67,10 @@ def provider_library() -> Path | None:
 def site_dirs() -> list[Path]:
     """Where pip puts packages for this interpreter: site-packages folders, then sys.path."""
     dirs: list[str] = []
-    try:
+    with contextlib.suppress(AttributeError):  # virtualenv's old site module lacks them
         dirs.extend(site.getsitepackages())
-    except AttributeError:  # pragma: no cover - virtualenv's old site module
-        pass
-    try:
+    with contextlib.suppress(AttributeError):
         dirs.append(site.getusersitepackages())
-    except AttributeError:  # pragma: no cover
-        pass
     dirs.extend(p for p in sys.path if p)
     seen: set[Path] = set()
     out: list[Path] = []

@@ -209,8 +209,12 @@ def _selection(scopes, op_types, nodes, recompute_outputs) -> dict:
     from onnx_remat.remat.apply import _as_list
 
     node_list = list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes)
-    return {"scopes": _as_list(scopes), "op_types": _as_list(op_types), "nodes": node_list,
-            "recompute_outputs": bool(recompute_outputs)}
+    return {
+        "scopes": _as_list(scopes),
+        "op_types": _as_list(op_types),
+        "nodes": node_list,
+        "recompute_outputs": bool(recompute_outputs),
+    }
 
 
 def read_baseline(path: str | os.PathLike) -> dict:
@@ -284,7 +288,7 @@ def _increase_check(name, what, base, now, rel: float, unit: str, gated: bool = 
         return Check(name, what, base, now, threshold, FAIL, True, unit, message="not measured in this run")
     limit = base * (1 + rel)
     if unit == "bytes":
-        limit = int(math.floor(limit))
+        limit = math.floor(limit)
     ok = now <= limit
     msg = "" if ok else f"+{(now / base - 1) * 100:.1f}% over the baseline" if base else "rose from 0"
     return Check(name, what, base, now, threshold, PASS if ok else FAIL, True, unit, limit, msg)
@@ -294,8 +298,18 @@ def _equal_check(name, what, base, now) -> Check:
     if base is None:
         return Check(name, what, base, now, "== baseline", INFO, True, "count", message="no baseline figure")
     ok = now == base
-    return Check(name, what, base, now, "== baseline", PASS if ok else FAIL, True, "count", base,
-                 "" if ok else "the rewrite changed")
+    return Check(
+        name,
+        what,
+        base,
+        now,
+        "== baseline",
+        PASS if ok else FAIL,
+        True,
+        "count",
+        base,
+        "" if ok else "the rewrite changed",
+    )
 
 
 def _at_least_check(name, what, base, now, message) -> Check:
@@ -305,43 +319,121 @@ def _at_least_check(name, what, base, now, message) -> Check:
     return Check(name, what, base, now, ">= baseline", PASS if ok else FAIL, True, "count", base, "" if ok else message)
 
 
-def build_checks(now: dict, base: dict | None, *, max_peak_increase: float, max_time_increase: float,
-                 check_time: bool, tolerance: str) -> list[Check]:
+def build_checks(
+    now: dict,
+    base: dict | None,
+    *,
+    max_peak_increase: float,
+    max_time_increase: float,
+    check_time: bool,
+    tolerance: str,
+) -> list[Check]:
     """The verdict lines: ``now`` against ``base`` (figures dicts; ``base`` None: nothing to compare)."""
     b = base or {}
     checks = [
-        Check("gradients", "loss and gradients equal", b.get("gradients_equal"),
-              now["gradients_equal"], tolerance, PASS if now["gradients_equal"] else FAIL, True, "",
-              message="" if now["gradients_equal"] else "the rewritten graph computes different gradients"),
-        _increase_check("original_planned_peak", "planned peak, original",
-                        b.get("original_planned_peak_bytes"), now["original_planned_peak_bytes"], max_peak_increase, "bytes"),
-        _increase_check("rewritten_planned_peak", "planned peak, rewritten",
-                        b.get("rewritten_planned_peak_bytes"), now["rewritten_planned_peak_bytes"], max_peak_increase, "bytes"),
-        Check("planned_peak_ratio", "planned peak ratio", b.get("planned_peak_ratio"),
-              now["planned_peak_ratio"], "shown", INFO, False, "ratio"),
+        Check(
+            "gradients",
+            "loss and gradients equal",
+            b.get("gradients_equal"),
+            now["gradients_equal"],
+            tolerance,
+            PASS if now["gradients_equal"] else FAIL,
+            True,
+            "",
+            message="" if now["gradients_equal"] else "the rewritten graph computes different gradients",
+        ),
+        _increase_check(
+            "original_planned_peak",
+            "planned peak, original",
+            b.get("original_planned_peak_bytes"),
+            now["original_planned_peak_bytes"],
+            max_peak_increase,
+            "bytes",
+        ),
+        _increase_check(
+            "rewritten_planned_peak",
+            "planned peak, rewritten",
+            b.get("rewritten_planned_peak_bytes"),
+            now["rewritten_planned_peak_bytes"],
+            max_peak_increase,
+            "bytes",
+        ),
+        Check(
+            "planned_peak_ratio",
+            "planned peak ratio",
+            b.get("planned_peak_ratio"),
+            now["planned_peak_ratio"],
+            "shown",
+            INFO,
+            False,
+            "ratio",
+        ),
         _equal_check("segments", "segments recomputed", b.get("segments"), now["segments"]),
         _equal_check("clones", "clones in the rewrite", b.get("clones"), now["clones"]),
         _equal_check("barriers", "barriers in the rewrite", b.get("barriers"), now["barriers"]),
-        _at_least_check("clones_kept", "clones kept by onnxruntime", b.get("clones_kept"),
-                        now["clones_kept"], "onnxruntime merged or fused clones away"),
-        _at_least_check("barriers_kept", "barriers kept by onnxruntime", b.get("barriers_kept"), now["barriers_kept"],
-                        "onnxruntime removed barriers: clones may run in the forward pass"),
+        _at_least_check(
+            "clones_kept",
+            "clones kept by onnxruntime",
+            b.get("clones_kept"),
+            now["clones_kept"],
+            "onnxruntime merged or fused clones away",
+        ),
+        _at_least_check(
+            "barriers_kept",
+            "barriers kept by onnxruntime",
+            b.get("barriers_kept"),
+            now["barriers_kept"],
+            "onnxruntime removed barriers: clones may run in the forward pass",
+        ),
     ]
     if b.get("clones_late"):
         ok = now["clones_late"] is True
-        checks.append(Check("clones_late", "clones ran in backward",
-                            True, now["clones_late"], "== baseline", PASS if ok else FAIL, True, "",
-                            message="" if ok else "clones ran before the backward pass reached them"))
+        checks.append(
+            Check(
+                "clones_late",
+                "clones ran in backward",
+                True,
+                now["clones_late"],
+                "== baseline",
+                PASS if ok else FAIL,
+                True,
+                "",
+                message="" if ok else "clones ran before the backward pass reached them",
+            )
+        )
     else:
-        checks.append(Check("clones_late", "clones ran in backward",
-                            b.get("clones_late"), now["clones_late"], "shown", INFO, False, ""))
-    checks.append(_increase_check("step_time_ratio", "step time ratio", b.get("step_time_ratio"),
-                                  now["step_time_ratio"], max_time_increase, "ratio", gated=check_time))
-    for key, what in (("original_step_time_s", "step time, original"),
-                      ("rewritten_step_time_s", "step time, rewritten")):
+        checks.append(
+            Check(
+                "clones_late",
+                "clones ran in backward",
+                b.get("clones_late"),
+                now["clones_late"],
+                "shown",
+                INFO,
+                False,
+                "",
+            )
+        )
+    checks.append(
+        _increase_check(
+            "step_time_ratio",
+            "step time ratio",
+            b.get("step_time_ratio"),
+            now["step_time_ratio"],
+            max_time_increase,
+            "ratio",
+            gated=check_time,
+        )
+    )
+    for key, what in (
+        ("original_step_time_s", "step time, original"),
+        ("rewritten_step_time_s", "step time, rewritten"),
+    ):
         checks.append(Check(key.removesuffix("_s"), what, b.get(key), now[key], "shown", INFO, False, "seconds"))
-    for key, what in (("original_live_peak_bytes", "live peak, original"),
-                      ("rewritten_live_peak_bytes", "live peak, rewritten")):
+    for key, what in (
+        ("original_live_peak_bytes", "live peak, original"),
+        ("rewritten_live_peak_bytes", "live peak, rewritten"),
+    ):
         if now.get(key) is not None:
             checks.append(Check(key.removesuffix("_bytes"), what, b.get(key), now[key], "shown", INFO, False, "bytes"))
     return checks
@@ -356,26 +448,37 @@ def diagnose(checks: list[Check], comparison, versions: dict) -> list[str]:
         n = len(comparison.mismatched) + len(comparison.only_in_a) + len(comparison.only_in_b)
         worst = f", largest difference {max(diffs):.3g}" if diffs else ""
         shown = ", ".join((comparison.mismatched + comparison.only_in_a + comparison.only_in_b)[:3])
-        out.append(f"the rewrite computes different results: {n} of {len(comparison.max_abs_diff)} outputs differ "
-                   f"({shown}{' ...' if n > 3 else ''}){worst}")
+        out.append(
+            f"the rewrite computes different results: {n} of {len(comparison.max_abs_diff)} outputs differ "
+            f"({shown}{' ...' if n > 3 else ''}){worst}"
+        )
     orig, rew = "original_planned_peak" in failed, "rewritten_planned_peak" in failed
     if orig and rew:
-        out.append("the original graph's planned peak rose too: the model changed (or onnxruntime's planner), "
-                   "not the rewrite; if intended, record a new baseline with --update-baseline")
+        out.append(
+            "the original graph's planned peak rose too: the model changed (or onnxruntime's planner), "
+            "not the rewrite; if intended, record a new baseline with --update-baseline"
+        )
     elif orig:
-        out.append("the original graph's planned peak rose but the rewritten graph's did not: the model changed "
-                   "in a part the rewrite recomputes; if intended, record a new baseline")
+        out.append(
+            "the original graph's planned peak rose but the rewritten graph's did not: the model changed "
+            "in a part the rewrite recomputes; if intended, record a new baseline"
+        )
     elif rew:
-        out.append("only the rewritten graph's planned peak rose: the rewrite lost effect (an onnx-remat or "
-                   "onnxruntime change); see the clone counts")
+        out.append(
+            "only the rewritten graph's planned peak rose: the rewrite lost effect (an onnx-remat or "
+            "onnxruntime change); see the clone counts"
+        )
     if failed & {"segments", "clones", "barriers"}:
-        out.append("the rewrite is not the one recorded (segments, clones or barriers changed): the model, the "
-                   "selection or onnx-remat changed")
+        out.append(
+            "the rewrite is not the one recorded (segments, clones or barriers changed): the model, the "
+            "selection or onnx-remat changed"
+        )
     if failed & {"clones_kept", "barriers_kept", "clones_late"}:
         out.append("onnxruntime treats the recompute nodes differently (merged, fused or scheduled early)")
     if "step_time_ratio" in failed:
-        out.append("recompute costs more time than recorded (timing is noisy on shared machines: rerun before "
-                   "believing it)")
+        out.append(
+            "recompute costs more time than recorded (timing is noisy on shared machines: rerun before believing it)"
+        )
     for key in ("onnxruntime", "onnx_remat"):
         was, now = versions.get(f"baseline_{key}"), versions.get(key)
         if failed and was and now and was != now:
@@ -484,10 +587,16 @@ def check(
         if recorded is None:
             raise UsageError("give the selection to record (--scope PATTERN, --op-type OPS or --node NAME)")
         rec = recorded.get("selection") or {}
-        selection = _selection(rec.get("scopes"), rec.get("op_types"), rec.get("nodes") or [],
-                               rec.get("recompute_outputs") or recompute_outputs)
-    if recorded is not None and update and (
-        not _same_selection(recorded.get("selection") or {}, selection) or recorded.get("device", "cpu") != device
+        selection = _selection(
+            rec.get("scopes"),
+            rec.get("op_types"),
+            rec.get("nodes") or [],
+            rec.get("recompute_outputs") or recompute_outputs,
+        )
+    if (
+        recorded is not None
+        and update
+        and (not _same_selection(recorded.get("selection") or {}, selection) or recorded.get("device", "cpu") != device)
     ):
         recorded = None  # re-recorded for another selection or device: nothing to compare with
     if recorded is not None and not update:
@@ -500,17 +609,41 @@ def check(
             raise UsageError(f"{baseline_path} was recorded on {recorded.get('device')}, this run is on {device}")
 
     apply_fn = apply_fn or _default_apply()
-    result = apply_fn(model, scopes=selection["scopes"], op_types=selection["op_types"], nodes=selection["nodes"],
-                      recompute_outputs=selection["recompute_outputs"], dims=dict(dims or {}))
+    result = apply_fn(
+        model,
+        scopes=selection["scopes"],
+        op_types=selection["op_types"],
+        nodes=selection["nodes"],
+        recompute_outputs=selection["recompute_outputs"],
+        dims=dict(dims or {}),
+    )
     comparison = compare(
-        model, result.model, device=device, atol=atol, rtol=rtol, steps=steps, warmup=warmup, dims=dims,
-        inputs=inputs, seed=seed, int_ranges=int_ranges, checkpoint=checkpoint, live=live, progress=progress,
+        model,
+        result.model,
+        device=device,
+        atol=atol,
+        rtol=rtol,
+        steps=steps,
+        warmup=warmup,
+        dims=dims,
+        inputs=inputs,
+        seed=seed,
+        int_ranges=int_ranges,
+        checkpoint=checkpoint,
+        live=live,
+        progress=progress,
     )
     figures = figures_of(comparison, result)
     base_figures = recorded.get("figures") if recorded else None
     tolerance = "bit-identical" if atol == 0 and rtol == 0 else f"atol={atol:g}, rtol={rtol:g}"
-    checks = build_checks(figures, base_figures, max_peak_increase=max_peak_increase,
-                          max_time_increase=max_time_increase, check_time=check_time, tolerance=tolerance)
+    checks = build_checks(
+        figures,
+        base_figures,
+        max_peak_increase=max_peak_increase,
+        max_time_increase=max_time_increase,
+        check_time=check_time,
+        tolerance=tolerance,
+    )
     versions = {
         "onnx_remat": __version__,
         "onnxruntime": comparison.b.onnxruntime or _runtime_version(),
@@ -526,17 +659,20 @@ def check(
                 c.status, c.message = INFO, f"{c.message + '; ' if c.message else ''}accepted by --update-baseline"
         passed = comparison.equal
         if passed:
-            write_baseline(baseline_path, {
-                "schema": BASELINE_SCHEMA,
-                "recorded": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-                "onnx_remat": __version__,
-                "onnxruntime": versions["onnxruntime"],
-                "model": str(model),
-                "device": device,
-                "selection": selection,
-                "settings": {"seed": seed, "dims": dict(dims or {}), "atol": atol, "rtol": rtol},
-                "figures": figures,
-            })
+            write_baseline(
+                baseline_path,
+                {
+                    "schema": BASELINE_SCHEMA,
+                    "recorded": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+                    "onnx_remat": __version__,
+                    "onnxruntime": versions["onnxruntime"],
+                    "model": str(model),
+                    "device": device,
+                    "selection": selection,
+                    "settings": {"seed": seed, "dims": dict(dims or {}), "atol": atol, "rtol": rtol},
+                    "figures": figures,
+                },
+            )
             updated = True
         else:
             diagnosis.append("baseline not written: the rewrite's gradients do not match the original's")
@@ -551,8 +687,13 @@ def check(
         seed=seed,
         steps=steps,
         warmup=warmup,
-        thresholds={"max_peak_increase": max_peak_increase, "max_time_increase": max_time_increase,
-                    "check_time": check_time, "atol": atol, "rtol": rtol},
+        thresholds={
+            "max_peak_increase": max_peak_increase,
+            "max_time_increase": max_time_increase,
+            "check_time": check_time,
+            "atol": atol,
+            "rtol": rtol,
+        },
         checks=checks,
         figures=figures,
         baseline_figures=base_figures,

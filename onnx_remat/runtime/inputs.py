@@ -34,9 +34,7 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import RematError
-
-BUFFER_SUFFIX = "_grad.accumulation.buffer"
-RESET_FLAG = "lazy_reset_grad"
+from onnx_remat.graph.conventions import BUFFER_SUFFIX, RESET_FLAG, parameter_of_buffer
 
 DATA, PARAMETER, BUFFER, FLAG = "data", "parameter", "gradient_buffer", "reset_flag"
 
@@ -88,7 +86,7 @@ class TrainingInputs:
 
     def buffer_of(self, buffer: str) -> str:
         """The parameter a gradient buffer belongs to."""
-        return buffer[: -len(BUFFER_SUFFIX)]
+        return parameter_of_buffer(buffer) or buffer
 
 
 @dataclass
@@ -184,7 +182,7 @@ def classify_inputs(model: onnx.ModelProto) -> TrainingInputs:
     for vi in graph_inputs:
         elem_type, dims = _dims_of(vi)
         gi = GraphInput(vi.name, elem_type, dims)
-        if vi.name.endswith(BUFFER_SUFFIX) and vi.name[: -len(BUFFER_SUFFIX)] in names:
+        if parameter_of_buffer(vi.name) in names:
             gi.role = BUFFER
             out.buffers.append(gi)
         elif vi.name + BUFFER_SUFFIX in names:

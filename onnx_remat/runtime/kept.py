@@ -31,7 +31,9 @@ from pathlib import Path
 
 import onnx
 
+from onnx_remat.errors import RematError
 from onnx_remat.graph import tags
+from onnx_remat.graph.conventions import is_gradient_node_name
 
 _KERNEL_SUFFIX = "_kernel_time"
 _CLONE_INFIX = tags.CLONE_SUFFIX + "/"
@@ -47,7 +49,6 @@ def clone_of(name: str) -> str | None:
 
 
 def _is_forward_name(name: str) -> bool:
-    from onnx_remat.analysis.regions import is_gradient_node_name
 
     return not (is_gradient_node_name(name) or clone_of(name) or tags.is_barrier_name(name))
 
@@ -62,9 +63,9 @@ def backward_node_names(model: onnx.ModelProto) -> set[str] | None:
     """
     from collections import deque
 
+    from onnx_remat.analysis.regions import analyze
     from onnx_remat.errors import RematError
     from onnx_remat.graph.bridge import ModelGraph
-    from onnx_remat.analysis.regions import analyze
 
     try:
         tg = analyze(ModelGraph(model))
@@ -153,7 +154,10 @@ def read_plan(model: onnx.ModelProto) -> list[dict]:
 
 def execution_order(profile_path: str | os.PathLike) -> list[str]:
     """Node names in the order their kernels ran in an onnxruntime profile (first run profiled)."""
-    events = json.loads(Path(profile_path).read_text())
+    return _kernel_order(json.loads(Path(profile_path).read_text()))
+
+
+def _kernel_order(events: list) -> list[str]:
     kernels = [
         e
         for e in events
@@ -161,6 +165,26 @@ def execution_order(profile_path: str | os.PathLike) -> list[str]:
     ]
     kernels.sort(key=lambda e: e.get("ts", 0))
     return [e["name"][: -len(_KERNEL_SUFFIX)] for e in kernels]
+
+
+def read_execution_order(path: str | os.PathLike) -> list[str]:
+    """Node names in execution order from ``path``: a JSON list of names, or an onnxruntime profile
+    (``enable_profiling``), whose ``*_kernel_time`` events are taken in time order. Raises a
+    one-line :class:`RematError` for anything else."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise RematError(f"{path}: cannot read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise RematError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    except UnicodeDecodeError:
+        raise RematError(f"{path}: not JSON (not UTF-8 text)") from None
+    if isinstance(data, list) and all(isinstance(x, str) for x in data):
+        return data
+    order = _kernel_order(data) if isinstance(data, list) else []
+    if order:
+        return order
+    raise RematError(f"{path}: neither a JSON list of node names nor an onnxruntime profile")
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, str]:
@@ -199,7 +223,7 @@ def check_rewrite(
     if optimized_path and Path(optimized_path).is_file():
         try:
             optimized = onnx.load(str(optimized_path), load_external_data=False)
-        except Exception as exc:  # noqa: BLE001 - a missing figure, not a failure
+        except Exception as exc:
             check.notes.append(f"optimized graph unreadable: {exc}")
     else:
         check.notes.append("onnxruntime wrote no optimized graph")

@@ -26,7 +26,6 @@ from pathlib import Path
 
 _EXTENDING = re.compile(r"Extending BFCArena for (?P<arena>[^.\s]+)\..*?\(requested\) num_bytes: (?P<n>\d+)")
 _TOTAL = re.compile(r"Total allocated bytes: (?P<n>\d+)")
-_CREATING = re.compile(r"Creating BFCArena for (?P<arena>\S+) with")
 
 # glibc: a fixed mmap threshold (which also turns off its dynamic growth) and no trim threshold,
 # so every large buffer onnxruntime frees without an arena goes back to the kernel at once and
@@ -72,11 +71,6 @@ def parse_arena_log(text: str, arena: str = "Cpu") -> ArenaLog:
         if m and current == arena:
             out.totals.append(int(m.group("n")))
     return out
-
-
-def arenas_created(text: str) -> list[str]:
-    """Names of the BFC arenas whose creation ``text`` logs, in order (for diagnostics)."""
-    return [m.group("arena") for m in _CREATING.finditer(text)]
 
 
 class Fd2Capture:

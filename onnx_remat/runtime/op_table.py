@@ -57,7 +57,9 @@ class Prober:
     def knows(self, op: str, domain: str, opset: int) -> bool:
         node = helper.make_node(op, ["x"], ["y"], domain=domain)
         graph = helper.make_graph(
-            [node], "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+            [node],
+            "probe",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
             [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         )
         imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)] if domain else [])
@@ -115,8 +117,12 @@ def render(onnx_domain: dict[str, list[int]], other: dict[str, list[str]], versi
     for op in sorted(onnx_domain):
         ranges = ", ".join(f"({a}, {b})" for a, b in _ranges(onnx_domain[op]))
         lines.append(f'    "{op}": ({ranges},),')
-    lines += ["}", "", "# Other domains -> the ops onnxruntime knows there (opset 1 of the domain).",
-              "DOMAIN_OPS: dict[str, frozenset[str]] = {"]
+    lines += [
+        "}",
+        "",
+        "# Other domains -> the ops onnxruntime knows there (opset 1 of the domain).",
+        "DOMAIN_OPS: dict[str, frozenset[str]] = {",
+    ]
     for domain in sorted(other):
         ops = sorted(other[domain])
         lines.append(f'    "{domain}": frozenset(')
@@ -142,8 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         print("the committed table matches onnxruntime" if same else f"{TABLE} differs from the installed onnxruntime")
         return 0 if same else 1
     TABLE.write_text(text)
-    print(f"wrote {TABLE}: {len(onnx_domain)} default-domain ops, " +
-          ", ".join(f"{len(v)} in {d}" for d, v in sorted(other.items())))
+    print(
+        f"wrote {TABLE}: {len(onnx_domain)} default-domain ops, "
+        + ", ".join(f"{len(v)} in {d}" for d, v in sorted(other.items()))
+    )
     return 0
 
 

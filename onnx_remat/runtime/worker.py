@@ -34,19 +34,16 @@ from pathlib import Path
 
 import numpy as np
 
-from onnx_remat.errors import EnvironmentProblem, RematError
+from onnx_remat.errors import EnvironmentProblem, RematError, one_line
 from onnx_remat.runtime.inputs import load_arrays, save_arrays
 from onnx_remat.runtime.memory import Fd2Capture, RssPeak, parse_arena_log
-from onnx_remat.runtime.session import ARENA_NAMES, create_session, import_onnxruntime, register_env_arena, session_options
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    # onnxruntime: "[ONNXRuntimeError] : 1 : FAIL : Load model from x failed: ..."
-    if text.startswith("[ONNXRuntimeError]"):
-        text = text.split(" : ", 3)[-1]
-    lines = [line for line in text.splitlines() if line.strip()]
-    return lines[0][:500] if lines else type(exc).__name__
+from onnx_remat.runtime.session import (
+    ARENA_NAMES,
+    create_session,
+    import_onnxruntime,
+    register_env_arena,
+    session_options,
+)
 
 
 def load_checkpoint_parameters(ort, path: str, names: list[str]) -> dict[str, np.ndarray]:
@@ -58,8 +55,8 @@ def load_checkpoint_parameters(ort, path: str, names: list[str]) -> dict[str, np
 
     try:
         state = C.load_checkpoint(str(path))
-    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own exception types
-        raise RematError(f"{path}: cannot read the checkpoint: {_one_line(exc)}") from None
+    except Exception as exc:
+        raise RematError(f"{path}: cannot read the checkpoint: {one_line(exc)}") from None
     missing = [n for n in names if not state.has_parameter(n)]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
@@ -156,10 +153,10 @@ def to_device(ort, feeds: dict[str, np.ndarray], device: str) -> dict | None:
         return None
     try:
         return {name: ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0) for name, arr in feeds.items()}
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         from onnx_remat.runtime.cuda import provider_failure_message
 
-        raise EnvironmentProblem(provider_failure_message("", os.environ, reason=_one_line(exc))) from None
+        raise EnvironmentProblem(provider_failure_message("", os.environ, reason=one_line(exc))) from None
 
 
 def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -194,8 +191,8 @@ def run_arena(spec: dict, emit) -> dict:
             sess = create_session(ort, spec["model"], options, device, explain)
         except EnvironmentProblem:
             raise
-        except Exception as exc:  # noqa: BLE001
-            raise RematError(f"{spec['model']}: onnxruntime cannot load it: {_one_line(exc)}") from None
+        except Exception as exc:
+            raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
         check_feeds(sess, feeds, spec["model"])
         if on_device is not None:
             on_device = {k: v for k, v in on_device.items() if k in feeds}
@@ -212,8 +209,8 @@ def run_arena(spec: dict, emit) -> dict:
             t0 = time.perf_counter()
             try:
                 runner.run()
-            except Exception as exc:  # noqa: BLE001
-                raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {_one_line(exc)}") from None
+            except Exception as exc:
+                raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {one_line(exc)}") from None
             dt = time.perf_counter() - t0
             if i == 0:
                 first_end = capture.mark()
@@ -262,8 +259,8 @@ def run_live(spec: dict, emit) -> dict:
     emit("session", 0, 1, None)
     try:
         sess = create_session(ort, spec["model"], options, "cpu")
-    except Exception as exc:  # noqa: BLE001
-        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {_one_line(exc)}") from None
+    except Exception as exc:
+        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
     check_feeds(sess, feeds, spec["model"])
     peaks: list[int | None] = []
     total = spec["warmup"] + spec["steps"]
@@ -277,8 +274,8 @@ def run_live(spec: dict, emit) -> dict:
                 with RssPeak() as peak:
                     outs = sess.run(None, feeds)
                 peaks.append(peak.bytes)
-        except Exception as exc:  # noqa: BLE001
-            raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {_one_line(exc)}") from None
+        except Exception as exc:
+            raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {one_line(exc)}") from None
         del outs
         emit("warmup" if i < spec["warmup"] else "step", i + 1, total, time.perf_counter() - t0)
     known = [p for p in peaks if p is not None]
@@ -305,8 +302,8 @@ def run_outputs(spec: dict, emit) -> dict:
         sess = create_session(ort, spec["model"], options, spec["device"])
     except EnvironmentProblem:
         raise
-    except Exception as exc:  # noqa: BLE001
-        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {_one_line(exc)}") from None
+    except Exception as exc:
+        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
     check_feeds(sess, feeds, spec["model"])
     on_device = to_device(ort, feeds, spec["device"])
     runner = _Runner(sess, feeds, spec.get("buffers", {}), on_device)
@@ -315,8 +312,8 @@ def run_outputs(spec: dict, emit) -> dict:
     try:
         runner.run()
         outputs = runner.collect()
-    except Exception as exc:  # noqa: BLE001
-        raise RematError(f"{spec['model']}: onnxruntime failed in step 1: {_one_line(exc)}") from None
+    except Exception as exc:
+        raise RematError(f"{spec['model']}: onnxruntime failed in step 1: {one_line(exc)}") from None
     emit("step", 1, 1, time.perf_counter() - t0)
     save_arrays(Path(spec["workdir"]) / "outputs.npz", outputs)
     return {"output_names": list(outputs), "onnxruntime": ort.__version__}
@@ -345,9 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     except RematError as exc:
         send({"error": {"exit_code": exc.exit_code, "kind": type(exc).__name__, "message": str(exc)}})
         return exc.exit_code
-    except Exception as exc:  # noqa: BLE001 - a bug: the parent reports it as one line
+    except Exception as exc:
         traceback.print_exc()
-        send({"error": {"exit_code": None, "kind": type(exc).__name__, "message": _one_line(exc)}})
+        send({"error": {"exit_code": None, "kind": type(exc).__name__, "message": one_line(exc)}})
         return 1
     finally:
         proto.close()

@@ -30,18 +30,28 @@ from __future__ import annotations
 
 import html
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from onnx_remat.graph import tags
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
+from onnx_remat.analysis.scopes import Scope, natural_key
 from onnx_remat.errors import RematError
+from onnx_remat.graph import tags
+from onnx_remat.graph.conventions import (
+    ACCUMULATOR_OPS,
+    ACCUMULATOR_PREFIX,
+    forward_node_of_gradient,
+    summed_tensor,
+)
 from onnx_remat.model_io import write_file
 from onnx_remat.units import format_bytes
+
+if TYPE_CHECKING:
+    from onnx_remat.remat.apply import ApplyResult
 
 FORMATS = (".dot", ".svg", ".png", ".html")
 COLORS = {
@@ -54,8 +64,10 @@ COLORS = {
 EDGE_REWIRED = "#2f8a3b"
 EDGE_BARRIER = "#7b3fa0"
 EDGE_REPLACED = "#cc2222"
-INSTALL_HINT = ("install Graphviz (Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz; "
-                "conda: conda install graphviz)")
+INSTALL_HINT = (
+    "install Graphviz (Debian/Ubuntu: apt-get install graphviz; macOS: brew install graphviz; "
+    "conda: conda install graphviz)"
+)
 
 
 @dataclass
@@ -110,7 +122,7 @@ def _unit_paths(analysis: ModelAnalysis, expanded_scopes) -> tuple[dict[int, str
                 chosen = s
             top = s
             s = s.parent
-        unit = (chosen or top)
+        unit = chosen or top
         if unit is None:
             unit_of[id(node)] = "(no scope)"
         else:
@@ -119,12 +131,8 @@ def _unit_paths(analysis: ModelAnalysis, expanded_scopes) -> tuple[dict[int, str
     return unit_of, top_scope
 
 
-def _natural_key(text: str) -> list:
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text)]
-
-
 def graph_view(
-    model: ModelLike | ModelAnalysis,
+    model: ModelLike | ModelAnalysis | ApplyResult,
     *,
     scopes: str | Iterable[str] | None = None,
     op_types: str | Iterable[str] | None = None,
@@ -138,52 +146,49 @@ def graph_view(
 ) -> GraphView:
     """Build the view of ``model`` (see the module docstring).
 
-    With a selection the rewritten graph is drawn (the original with ``before=True``). ``focus``:
-    scope patterns to expand (default: the first ``expand`` selected scope instances, or the
-    first ``expand`` top-level scopes without a selection). Raises :class:`RematError` for
-    patterns that match nothing.
+    ``model``: a model, its :class:`ModelAnalysis`, or an :class:`~onnx_remat.ApplyResult` (its
+    rewrite is drawn; the selection keywords are then not used). With a selection the rewritten
+    graph is drawn (the original with ``before=True``). ``focus``: scope patterns to expand
+    (default: the first ``expand`` recomputed scope instances, or the first ``expand`` top-level
+    scopes without a selection). Raises :class:`RematError` for patterns that match nothing.
     """
-    from onnx_remat.remat.apply import _as_list, apply
+    from onnx_remat.remat.apply import ApplyResult, _as_list, apply
 
-    analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
-    has_selection = bool(_as_list(scopes) or _as_list(op_types) or _as_list(nodes))
-    applied = None
-    if has_selection:
-        source = analysis.source if analysis.source is not None else analysis.model
-        applied = apply(source, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs,
-                        dims=dict(analysis.sizes.dims))
-    tree = analysis.scopes
-    focus_patterns = _as_list(focus)
-    if focus_patterns:
-        expanded = tree.match(focus_patterns).scopes
-    elif applied is not None and _as_list(scopes):
-        expanded = tree.match(_as_list(scopes)).scopes[: max(expand, 0)]
+    applied: ApplyResult | None = None
+    if isinstance(model, ApplyResult):
+        applied = model
+        analysis = applied.analysis
     else:
-        expanded = tree.root.children[: max(expand, 0)]
-    if applied is not None and not _as_list(scopes) and not focus_patterns:
-        # op/node selections: expand the scopes holding the first segments' nodes
-        seg_scopes = []
-        for seg in applied.plan.segments:
-            for n in seg.recompute:
-                s = tree.scope_of(n)
-                while s is not None and s.parent is not None and s.parent.path:
-                    s = s.parent
-                if s is not None and s.path and s not in seg_scopes:
-                    seg_scopes.append(s)
-        expanded = seg_scopes[: max(expand, 0)] or expanded
-    return _build(analysis, applied, expanded, before=before, max_run=max_run)
+        analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
+        if _as_list(scopes) or _as_list(op_types) or _as_list(nodes):
+            applied = apply(analysis, scopes=scopes, op_types=op_types, nodes=nodes,
+                            recompute_outputs=recompute_outputs)
+    return _build(analysis, applied, _expanded(analysis, applied, _as_list(focus), expand), before=before,
+                  max_run=max_run)
 
 
-def graph_view_of(applied, analysis: ModelAnalysis, *, focus: str | Iterable[str] | None = None, expand: int = 2,
-                  before: bool = False, max_run: int = 3) -> GraphView:
-    """The view of an :class:`~onnx_remat.ApplyResult`'s rewrite; ``analysis`` is a fresh analysis
-    of its input graph (the ApplyResult's own was edited by the rewrite)."""
-    from onnx_remat.remat.apply import _as_list
-
-    patterns = _as_list(focus) or sorted({p for s in applied.rewrite.segments for p in s.segment.scopes},
-                                         key=_natural_key)[: max(expand, 0)]
-    expanded = analysis.scopes.match(patterns).scopes if patterns else []
-    return _build(analysis, applied, expanded, before=before, max_run=max_run)
+def _expanded(analysis: ModelAnalysis, applied: ApplyResult | None, focus: list[str], expand: int) -> list[Scope]:
+    """The scope instances drawn in full: ``focus``, else the first recomputed ones, else the first
+    top-level ones."""
+    tree = analysis.scopes
+    count = max(expand, 0)
+    if focus:
+        return tree.match(focus).scopes
+    if applied is None:
+        return tree.root.children[:count]
+    paths = sorted({p for s in applied.rewrite.segments for p in s.segment.scopes}, key=natural_key)
+    if paths:
+        return tree.match(paths[:count]).scopes
+    # op / node selections: the top-level scopes holding the first segments' nodes
+    found: list[Scope] = []
+    for seg in applied.plan.segments:
+        for n in seg.recompute:
+            s = tree.scope_of(n)
+            while s is not None and s.parent is not None and s.parent.path:
+                s = s.parent
+            if s is not None and s.path and s not in found:
+                found.append(s)
+    return found[:count] or tree.root.children[:count]
 
 
 def _served_node(proto, consumer_name: dict[str, str]) -> str:
@@ -192,46 +197,84 @@ def _served_node(proto, consumer_name: dict[str, str]) -> str:
     if tags.is_fence_name(name) and proto.output:
         name = consumer_name.get(proto.output[0], "")
     if tags.is_pin_name(name):
-        return name[len(tags.PIN_PREFIX):]
+        return name[len(tags.PIN_PREFIX) :]
     return name
 
 
-def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run: int) -> GraphView:
-    tg = analysis.graph
-    sizes = analysis.sizes
-    unit_of_fwd, unit_scope = _unit_paths(analysis, expanded)
-    expanded_paths = {s.path for s in expanded}
-    stashed = {t.name for t in tg.stashed}
+@dataclass
+class _Drawing:
+    """The graph being drawn, node by node: its protos, each one's kind and unit, and the boxes."""
 
-    # The graph to draw: the rewritten model's protos, or the original's.
+    analysis: ModelAnalysis
+    protos: list
+    kinds: list[str]
+    units: list[str]
+    producer: dict[str, int]
+    unit_scope: dict[str, Scope]
+    expanded_paths: set[str]
+    fwd_unit_by_name: dict[str, str]
+    box_of: dict[str, str] = field(default_factory=dict)
+
+    def cls(self, unit: str) -> str | None:
+        s = self.unit_scope.get(unit)
+        return s.short_class if s is not None else None
+
+
+def _build(
+    analysis: ModelAnalysis, applied: ApplyResult | None, expanded: list[Scope], *, before: bool, max_run: int
+) -> GraphView:
     rewritten = applied is not None and not before
-    model = applied.model if rewritten else analysis.model
-    protos = list(model.graph.node)
-    producer: dict[str, int] = {}
-    for i, p in enumerate(protos):
-        for o in p.output:
-            if o:
-                producer[o] = i
+    model = applied.model if applied is not None and rewritten else analysis.model
+    d = _units(analysis, list(model.graph.node), expanded)
+    collapsed = _collapse(d, max_run)
+    nodes, node_id = _view_nodes(d)
+    edges = _edges(d, node_id, applied, before)
+    clusters = {s.path: s.path + (f" ({s.short_class})" if s.short_class else "") for s in expanded}
+    notes = []
+    title = f"{analysis.name}: " + ("after" if rewritten else ("before" if applied is not None else "training graph"))
+    if applied is not None:
+        segs = applied.rewrite.segments
+        notes.append(
+            f"{applied.clone_count} nodes cloned in {len(segs)} segments"
+            + ("" if rewritten else " (drawn before the rewrite: red edges are the ones it replaces)")
+        )
+        title += " recompute of " + ", ".join(
+            sorted({p for s in segs for p in s.segment.scopes}, key=natural_key)[:3] or [s.label for s in segs[:3]]
+        )
+        if len(segs) > 3:
+            title += " …"
+    return GraphView(title=title, nodes=nodes, edges=edges, clusters=clusters, collapsed=collapsed, notes=notes,
+                     rewritten=rewritten)
+
+
+def _kind(name: str, backward_names: set[str]) -> str:
+    if tags.is_barrier_name(name):
+        return "barrier"
+    if tags.is_clone_name(name):
+        return "clone"
+    return "backward" if name in backward_names else "forward"
+
+
+def _units(analysis: ModelAnalysis, protos: list, expanded: list[Scope]) -> _Drawing:
+    """Each node's kind (forward, backward, clone, barrier) and unit: the drawn scope it belongs to,
+    or a group such as "(gradient accumulation)". Gradient nodes go with the forward node they
+    differentiate, clones with their original, barriers with their segment."""
+    tg = analysis.graph
+    unit_of_fwd, unit_scope = _unit_paths(analysis, expanded)
+    producer = {o: i for i, p in enumerate(protos) for o in p.output if o}
     fwd_unit_by_name = {n.name: unit_of_fwd[id(n)] for n in tg.forward_nodes if n.name}
     backward_names = {n.name for n in tg.backward_nodes}
-
-    def kind_of(p) -> str:
-        if tags.is_barrier_name(p.name):
-            return "barrier"
-        if tags.is_clone_name(p.name):
-            return "clone"
-        return "backward" if p.name in backward_names else "forward"
-
-    kinds = [kind_of(p) for p in protos]
+    kinds = [_kind(p.name, backward_names) for p in protos]
+    expanded_paths = {s.path for s in expanded}
     consumer_name: dict[str, str] = {}
     for p in protos:
         for t in p.input:
             consumer_name.setdefault(t, p.name)
     units: list[str] = []
-    for i, p in enumerate(protos):
-        k = kinds[i]
+    for p, k in zip(protos, kinds):
         name = p.name
         unit = None
+        summed = summed_tensor(name)
         if k == "forward":
             unit = fwd_unit_by_name.get(name) or fwd_unit_by_name.get(_served_node(p, consumer_name))
         elif k == "clone":
@@ -239,148 +282,129 @@ def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run:
         elif k == "barrier":
             label = tags.segment_of_name(name) or ""
             unit = label if label in unit_scope or label in expanded_paths else None
-        elif "_Grad/" in name:
-            unit = fwd_unit_by_name.get(name.split("_Grad/", 1)[0])
-        elif name.startswith("AccumulateGrad_"):
-            tensor = name[len("AccumulateGrad_"):]
-            base = tensor[: -len("_grad")] if tensor.endswith("_grad") else tensor
-            prod = producer.get(base)
+        elif forward_node_of_gradient(name) is not None:
+            unit = fwd_unit_by_name.get(forward_node_of_gradient(name) or "")
+        elif summed is not None:
+            prod = producer.get(summed)
             unit = units[prod] if prod is not None and prod < len(units) else None
             if unit is None:
-                n = tg.tensors.get(base)
+                n = tg.tensors.get(summed)
                 if n is not None and n.inputs:
                     unit = fwd_unit_by_name.get(n.inputs[0].name)
-        elif name.startswith("GradientAccumulator") or p.op_type in ("InPlaceAccumulatorV2", "InPlaceAccumulator"):
+        elif name.startswith(ACCUMULATOR_PREFIX) or p.op_type in ACCUMULATOR_OPS:
             unit = "(gradient accumulation)"
         if unit is None:
             unit = "(loss and other backward)" if k != "forward" else "(no scope)"
         units.append(unit)
     # Barriers whose segment label is no unit (op/node selections, nested scopes): their clones' unit.
     clone_reader_unit: dict[str, str] = {}
-    for j, q in enumerate(protos):
-        if kinds[j] == "clone":
+    for q, k, u in zip(protos, kinds, units):
+        if k == "clone":
             for t in q.input:
-                clone_reader_unit.setdefault(t, units[j])
+                clone_reader_unit.setdefault(t, u)
     for i, p in enumerate(protos):
         if kinds[i] == "barrier" and units[i].startswith("("):
             found = next((clone_reader_unit[o] for o in p.output if o in clone_reader_unit), None)
             if found is not None:
                 units[i] = found
+    return _Drawing(analysis, protos, kinds, units, producer, unit_scope, expanded_paths, fwd_unit_by_name)
 
-    # Collapse: runs of collapsed scope units of one class become one box.
+
+def _collapse(d: _Drawing, max_run: int) -> list[str]:
+    """Fill ``d.box_of``: runs of more than ``max_run`` collapsed scopes of one class become one
+    box; returns what was collapsed, in words."""
     order: list[str] = []
-    seen = set()
-    for i in range(len(protos)):
-        if kinds[i] == "forward" and units[i] not in seen:
-            seen.add(units[i])
-            order.append(units[i])
-    for u in units:
-        if u not in seen:
-            seen.add(u)
-            order.append(u)
-    box_of: dict[str, str] = {}
-    collapsed_notes: list[str] = []
+    seen: set[str] = set()
+    for kind, unit in zip(d.kinds, d.units):
+        if kind == "forward" and unit not in seen:
+            seen.add(unit)
+            order.append(unit)
+    order += [u for u in dict.fromkeys(d.units) if u not in seen]
+    notes: list[str] = []
     run: list[str] = []
 
-    def cls(u: str) -> str | None:
-        s = unit_scope.get(u)
-        return s.short_class if s is not None else None
-
     def flush() -> None:
-        if not run:
-            return
         if len(run) > max_run:
             box = f"{run[0]} … {run[-1]}"
-            for u in run:
-                box_of[u] = box
-            collapsed_notes.append(f"{len(run)} scopes {run[0]} … {run[-1]} ({cls(run[0]) or 'same class'}) into one box")
+            d.box_of.update((u, box) for u in run)
+            notes.append(f"{len(run)} scopes {run[0]} … {run[-1]} ({d.cls(run[0]) or 'same class'}) into one box")
         else:
-            for u in run:
-                box_of[u] = u
-            collapsed_notes.extend(f"scope {u}" for u in run)
+            d.box_of.update((u, u) for u in run)
+            notes.extend(f"scope {u}" for u in run)
         run.clear()
 
     for u in order:
-        if u in expanded_paths:
+        if u in d.expanded_paths:
             flush()
-            continue
-        if u.startswith("("):
+        elif u.startswith("("):
             flush()
-            box_of[u] = u
-            collapsed_notes.append(u.strip("()"))
-            continue
-        if run and cls(run[-1]) != cls(u):
-            flush()
-        run.append(u)
+            d.box_of[u] = u
+            notes.append(u.strip("()"))
+        else:
+            if run and d.cls(run[-1]) != d.cls(u):
+                flush()
+            run.append(u)
     flush()
+    return notes
 
-    # Per-box statistics.
+
+def _view_nodes(d: _Drawing) -> tuple[list[ViewNode], dict[int, str]]:
+    """The drawn items (nodes of expanded scopes, one box per collapsed unit group) and, per
+    proto, the id of the item it is drawn in."""
+    tg, sizes = d.analysis.graph, d.analysis.sizes
     stats: dict[str, dict[str, int]] = {}
     stored_by_unit: dict[str, int] = {}
     for t in tg.stashed:
         prod = t.inputs[0] if t.inputs else None
-        u = fwd_unit_by_name.get(prod.name) if prod is not None else None
+        u = d.fwd_unit_by_name.get(prod.name) if prod is not None else None
         if u is not None:
-            b = sizes.nbytes(t.name)
-            stored_by_unit[u] = stored_by_unit.get(u, 0) + (b or 0)
-    for i, u in enumerate(units):
-        if u in expanded_paths:
+            stored_by_unit[u] = stored_by_unit.get(u, 0) + (sizes.nbytes(t.name) or 0)
+    for kind, u in zip(d.kinds, d.units):
+        if u in d.expanded_paths:
             continue
-        box = box_of.get(u, u)
+        box = d.box_of.get(u, u)
         st = stats.setdefault(box, {"forward": 0, "backward": 0, "clone": 0, "barrier": 0, "stored": 0, "units": 0})
-        st[kinds[i]] += 1
-    for u, box in box_of.items():
+        st[kind] += 1
+    for u, box in d.box_of.items():
         if box in stats:
             stats[box]["stored"] += stored_by_unit.get(u, 0)
             stats[box]["units"] += 1
-
-    view_nodes: list[ViewNode] = []
+    nodes: list[ViewNode] = []
     node_id: dict[int, str] = {}
-    for i, p in enumerate(protos):
-        u = units[i]
-        if u in expanded_paths:
-            nid = f"n{i}"
-            node_id[i] = nid
+    for i, p in enumerate(d.protos):
+        u = d.units[i]
+        if u in d.expanded_paths:
+            node_id[i] = f"n{i}"
             short = p.name.rsplit("/", 2)
             short_name = "/".join(short[-2:]) if len(short) > 1 else p.name
-            label = p.op_type if kinds[i] != "barrier" else "PassThrough\n(barrier)"
-            view_nodes.append(ViewNode(nid, f"{label}\n{_ellipsis(short_name, 28)}", kinds[i], u, p.name))
+            label = p.op_type if d.kinds[i] != "barrier" else "PassThrough\n(barrier)"
+            nodes.append(ViewNode(f"n{i}", f"{label}\n{_ellipsis(short_name, 28)}", d.kinds[i], u, p.name))
         else:
-            node_id[i] = "box:" + box_of.get(u, u)
+            node_id[i] = "box:" + d.box_of.get(u, u)
     for box, st in stats.items():
-        parts = []
-        if st["forward"]:
-            parts.append(f"{st['forward']} forward")
-        if st["backward"]:
-            parts.append(f"{st['backward']} backward")
-        if st["clone"]:
-            parts.append(f"{st['clone']} clones")
-        if st["barrier"]:
-            parts.append(f"{st['barrier']} barriers")
+        parts = [f"{st[k]} {word}" for k, word in (("forward", "forward"), ("backward", "backward"),
+                                                    ("clone", "clones"), ("barrier", "barriers")) if st[k]]
         counts = " + ".join(parts) + " nodes"
         stored = f"\nstores {format_bytes(st['stored'])}" if st["stored"] else ""
         title = box.strip("()") if box.startswith("(") else box
-        cl = None
-        if not box.startswith("("):
-            first = box.split(" … ")[0]
-            cl = cls(first)
+        cl = None if box.startswith("(") else d.cls(box.split(" … ")[0])
         head = f"{title}" + (f" ({st['units']} × {cl})" if st["units"] > 1 and cl else (f" ({cl})" if cl else ""))
-        view_nodes.append(ViewNode("box:" + box, f"{head}\n{counts}{stored}", "collapsed", box))
+        nodes.append(ViewNode("box:" + box, f"{head}\n{counts}{stored}", "collapsed", box))
+    return nodes, node_id
 
-    # Edges (tensor edges between drawn items, deduplicated).
-    targets_readers: set[tuple[str, str]] = set()
-    target_names: set[str] = set()
-    if applied is not None:
-        for seg in applied.plan.segments:
-            for t in seg.targets:
-                target_names.add(t.name)
+
+def _edges(d: _Drawing, node_id: dict[int, str], applied: ApplyResult | None, before: bool) -> list[ViewEdge]:
+    """Tensor edges between drawn items, one per (source, destination, style)."""
+    stashed = {t.name for t in d.analysis.graph.stashed}
+    target_names = {t.name for seg in applied.plan.segments for t in seg.targets} if applied is not None else set()
+    kinds = d.kinds
     edges: dict[tuple[str, str, str], ViewEdge] = {}
-    for j, p in enumerate(protos):
+    for j, p in enumerate(d.protos):
         dst = node_id[j]
         for t in p.input:
-            if not t or t not in producer:
+            if not t or t not in d.producer:
                 continue
-            i = producer[t]
+            i = d.producer[t]
             src = node_id[i]
             if src == dst:
                 continue
@@ -391,41 +415,22 @@ def _build(analysis: ModelAnalysis, applied, expanded, *, before: bool, max_run:
                 style = "barrier"
             elif before and t in target_names and kinds[j] == "backward":
                 style = "replaced"
-                targets_readers.add((src, dst))
             elif t in stashed and kinds[j] == "backward" and kinds[i] == "forward":
                 style = "stored"
             both_boxes = src.startswith("box:") and dst.startswith("box:")
             key = (src, dst, style if not both_boxes else "")
             e = edges.get(key)
-            nb = sizes.nbytes(t)
             if e is None:
+                nb = d.analysis.sizes.nbytes(t)
                 label = format_bytes(nb) if (nb and nb >= 1 << 20 and not both_boxes) else ""
                 edges[key] = ViewEdge(src, dst, label, style if not both_boxes else "")
             else:
                 e.count += 1
-    clusters = {}
-    for s in expanded:
-        cl = s.short_class
-        clusters[s.path] = f"{s.path}" + (f" ({cl})" if cl else "")
-    notes = []
-    if applied is not None:
-        segs = applied.rewrite.segments
-        notes.append(f"{applied.clone_count} nodes cloned in {len(segs)} segments"
-                     + ("" if rewritten else " (drawn before the rewrite: red edges are the ones it replaces)"))
-    title = f"{analysis.name}: " + ("after" if rewritten else ("before" if applied is not None else "training graph"))
-    if applied is not None:
-        title += " recompute of " + ", ".join(
-            sorted({p for s in applied.rewrite.segments for p in s.segment.scopes}, key=_natural_key)[:3]
-            or [s.label for s in applied.rewrite.segments[:3]]
-        )
-        if len(applied.rewrite.segments) > 3:
-            title += " …"
-    return GraphView(title=title, nodes=view_nodes, edges=list(edges.values()), clusters=clusters,
-                     collapsed=collapsed_notes, notes=notes, rewritten=rewritten)
+    return list(edges.values())
 
 
 def _ellipsis(text: str, n: int) -> str:
-    return text if len(text) <= n else "…" + text[-(n - 1):]
+    return text if len(text) <= n else "…" + text[-(n - 1) :]
 
 
 # -- DOT ------------------------------------------------------------------------------------
@@ -441,8 +446,8 @@ def to_dot(view: GraphView) -> str:
         "digraph remat {",
         f"  graph [label={_q(view.title)}, labelloc=t, fontsize=16, fontname=Helvetica, rankdir=TB, "
         "newrank=true, nodesep=0.25, ranksep=0.35];",
-        "  node [shape=box, style=\"rounded,filled\", fontname=Helvetica, fontsize=10, height=0.3];",
-        "  edge [fontname=Helvetica, fontsize=8, color=\"#777777\", arrowsize=0.6];",
+        '  node [shape=box, style="rounded,filled", fontname=Helvetica, fontsize=10, height=0.3];',
+        '  edge [fontname=Helvetica, fontsize=8, color="#777777", arrowsize=0.6];',
     ]
     by_unit: dict[str, list[ViewNode]] = {}
     for n in view.nodes:
@@ -460,12 +465,15 @@ def to_dot(view: GraphView) -> str:
         if not members:
             continue
         lines.append(f"  subgraph cluster_{k} {{")
-        lines.append(f"    label={_q(title)}; style=\"rounded,dashed\"; color=\"#999999\"; fontsize=12;")
+        lines.append(f'    label={_q(title)}; style="rounded,dashed"; color="#999999"; fontsize=12;')
         groups = {"forward": [], "backward": [], "recompute": []}
         for n in members:
             groups["recompute" if n.kind in ("clone", "barrier") else n.kind].append(n)
-        for g, (label, color) in {"forward": ("forward", "#3d6fa8"), "backward": ("backward", "#c27b2b"),
-                                  "recompute": ("recompute", "#2f8a3b")}.items():
+        for g, (label, color) in {
+            "forward": ("forward", "#3d6fa8"),
+            "backward": ("backward", "#c27b2b"),
+            "recompute": ("recompute", "#2f8a3b"),
+        }.items():
             if not groups[g]:
                 continue
             lines.append(f"    subgraph cluster_{k}_{g} {{")
@@ -487,7 +495,7 @@ def to_dot(view: GraphView) -> str:
         elif e.style == "replaced":
             attrs.append(f"color={_q(EDGE_REPLACED)}, penwidth=2.4")
         elif e.style == "stored":
-            attrs.append('style=dashed, constraint=false')
+            attrs.append("style=dashed, constraint=false")
         if e.src.startswith("box:") or e.dst.startswith("box:"):
             attrs.append("weight=0")
         if e.count > 1 and not e.label:
@@ -495,8 +503,13 @@ def to_dot(view: GraphView) -> str:
         lines.append(f"  {_q(e.src)} -> {_q(e.dst)}" + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
     swatches = "".join(
         f'<td bgcolor="{COLORS[k][0]}" color="{COLORS[k][1]}">{label}</td>'
-        for k, label in (("forward", "forward"), ("backward", "backward"), ("clone", "clone (recompute)"),
-                         ("barrier", "barrier"), ("collapsed", "collapsed scopes"))
+        for k, label in (
+            ("forward", "forward"),
+            ("backward", "backward"),
+            ("clone", "clone (recompute)"),
+            ("barrier", "barrier"),
+            ("collapsed", "collapsed scopes"),
+        )
     )
     edge_keys = (
         f'<font color="{EDGE_REWIRED}"><b>&#8594;</b> backward reader now reads a clone</font>   '
@@ -523,8 +536,10 @@ def render(dot_text: str, fmt: str, *, timeout: float = 120.0, dpi: int = 80) ->
     """Run Graphviz's ``dot -T<fmt>``. Raises :class:`RematError` (with how to install it) when missing."""
     exe = shutil.which("dot")
     if exe is None:
-        raise RematError(f"rendering {fmt.upper()} needs Graphviz's `dot`, which is not on PATH: {INSTALL_HINT}; "
-                         "or write a .dot file")
+        raise RematError(
+            f"rendering {fmt.upper()} needs Graphviz's `dot`, which is not on PATH: {INSTALL_HINT}; "
+            "or write a .dot file"
+        )
     try:
         args = [exe, f"-T{fmt}"] + ([f"-Gdpi={dpi}"] if fmt == "png" else [])
         proc = subprocess.run(args, input=dot_text.encode(), capture_output=True, timeout=timeout)
@@ -538,10 +553,14 @@ def render(dot_text: str, fmt: str, *, timeout: float = 120.0, dpi: int = 80) ->
 
 def html_page(view: GraphView, svg: str | None, dot_text: str) -> str:
     """A self-contained HTML page with the SVG (or, without Graphviz, the DOT text and a note)."""
-    body = svg if svg is not None else (
-        "<p class=note>Graphviz (<code>dot</code>) is not installed, so this page holds the DOT text; "
-        f"{html.escape(INSTALL_HINT)} and render it with <code>dot -Tsvg</code>.</p>"
-        f"<pre>{html.escape(dot_text)}</pre>"
+    body = (
+        svg
+        if svg is not None
+        else (
+            "<p class=note>Graphviz (<code>dot</code>) is not installed, so this page holds the DOT text; "
+            f"{html.escape(INSTALL_HINT)} and render it with <code>dot -Tsvg</code>.</p>"
+            f"<pre>{html.escape(dot_text)}</pre>"
+        )
     )
     collapsed = "".join(f"<li>{html.escape(c)}</li>" for c in view.collapsed)
     notes = "".join(f"<li>{html.escape(c)}</li>" for c in view.notes)
@@ -565,7 +584,9 @@ def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
     out = Path(path)
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
-        raise RematError(f"{out}: cannot write a {suffix or 'suffix-less'} graph; give a .dot, .svg, .png or .html path")
+        raise RematError(
+            f"{out}: cannot write a {suffix or 'suffix-less'} graph; give a .dot, .svg, .png or .html path"
+        )
     dot_text = to_dot(view)
     if suffix == ".dot":
         data = dot_text.encode()
@@ -575,9 +596,7 @@ def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
         svg = None
         if graphviz_available():
             svg = render(dot_text, "svg").decode()
-            svg = svg[svg.index("<svg"):] if "<svg" in svg else svg
+            svg = svg[svg.index("<svg") :] if "<svg" in svg else svg
         data = html_page(view, svg, dot_text).encode()
     write_file(out, data)
     return out
-
-

@@ -3,7 +3,8 @@
 >>> import onnx_remat
 >>> from onnx_remat.show.report import write_report
 >>> result = onnx_remat.apply("models/artifacts/blocks10", scopes=["Block"])
->>> write_report(result, "blocks10.html")          # or write_report("models/artifacts/blocks10", "x.html", scopes=["Block"])
+>>> write_report(result, "blocks10.html")
+>>> write_report("models/artifacts/blocks10", "x.html", scopes=["Block"])   # the same from a path
 
 The page holds, inline (no file or network access needed to view it): a summary table (estimated
 planned peak before and after, ratio, what was cloned, what onnxruntime's own rewrites did),
@@ -23,8 +24,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from onnx_remat import __version__
+from onnx_remat.analysis.model import ModelAnalysis, analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.estimate import EstimateResult, MemoryEstimate, estimate, estimate_from_apply
+from onnx_remat.estimate import EstimateResult, MemoryEstimate, estimate
 from onnx_remat.model_io import write_file
 from onnx_remat.units import format_bytes, format_ratio
 
@@ -46,32 +48,45 @@ def _e(text) -> str:
 
 def _row(cells: Sequence, numeric: Iterable[int] = ()) -> str:
     numeric = set(numeric)
-    return "<tr>" + "".join(f"<td class=num>{_e(c)}</td>" if i in numeric else f"<td>{_e(c)}</td>"
-                            for i, c in enumerate(cells)) + "</tr>"
+    return (
+        "<tr>"
+        + "".join(f"<td class=num>{_e(c)}</td>" if i in numeric else f"<td>{_e(c)}</td>" for i, c in enumerate(cells))
+        + "</tr>"
+    )
 
 
 def _summary(est: EstimateResult) -> str:
     b, a = est.before, est.after
     rows = [
-        ("planned peak (block onnxruntime allocates per step)", format_bytes(b.planned_peak_bytes),
-         format_bytes(a.planned_peak_bytes) if a else "-"),
+        (
+            "planned peak (block onnxruntime allocates per step)",
+            format_bytes(b.planned_peak_bytes),
+            format_bytes(a.planned_peak_bytes) if a else "-",
+        ),
         ("peak of live activations", format_bytes(b.peak_live_bytes), format_bytes(a.peak_live_bytes) if a else "-"),
-        ("peak at", f"step {b.peak_step + 1}/{len(b.steps)}: {b.peak_node} ({b.peak_region})",
-         f"step {a.peak_step + 1}/{len(a.steps)}: {a.peak_node} ({a.peak_region})" if a else "-"),
+        (
+            "peak at",
+            f"step {b.peak_step + 1}/{len(b.steps)}: {b.peak_node} ({b.peak_region})",
+            f"step {a.peak_step + 1}/{len(a.steps)}: {a.peak_node} ({a.peak_region})" if a else "-",
+        ),
         ("nodes onnxruntime runs", len(b.steps), len(a.steps) if a else "-"),
-        ("allocated outside the block (shapes known at run time only)",
-         format_bytes(b.outside_block_bytes) if b.outside_block else "-",
-         (format_bytes(a.outside_block_bytes) if a.outside_block else "-") if a else "-"),
+        (
+            "allocated outside the block (shapes known at run time only)",
+            format_bytes(b.outside_block_bytes) if b.outside_block else "-",
+            (format_bytes(a.outside_block_bytes) if a.outside_block else "-") if a else "-",
+        ),
         ("activations of unknown size (not counted)", len(b.unknown), len(a.unknown) if a else "-"),
     ]
     body = "".join(_row(r) for r in rows)
     ratio = ""
     if a is not None:
         sel = est.selection or {}
-        ratio = (f"<p class=big>after / before: {_e(format_ratio(a.planned_peak_bytes, b.planned_peak_bytes))} "
-                 f"<span class=muted>({_e(sel.get('cloned_nodes', 0))} nodes cloned in {_e(sel.get('segments', 0))} "
-                 f"segments; {_e(format_bytes(sel.get('released_bytes', 0)))} of stored activations released after "
-                 "the forward pass, by the plan)</span></p>")
+        ratio = (
+            f"<p class=big>after / before: {_e(format_ratio(a.planned_peak_bytes, b.planned_peak_bytes))} "
+            f"<span class=muted>({_e(sel.get('cloned_nodes', 0))} nodes cloned in {_e(sel.get('segments', 0))} "
+            f"segments; {_e(format_bytes(sel.get('released_bytes', 0)))} of stored activations released after "
+            "the forward pass, by the plan)</span></p>"
+        )
     rewrites = ", ".join(f"{v} {k}" for k, v in sorted(b.runtime_rewrites.items(), key=lambda kv: -kv[1])) or "none"
     return (
         f"{ratio}<table><tr><th></th><th>before</th><th>after</th></tr>{body}</table>"
@@ -86,50 +101,86 @@ def _scope_table(est: EstimateResult, max_depth: int) -> str:
     if not rows:
         return "<p class=muted>No scope information.</p>"
     body = "".join(
-        _row(["\u00a0\u00a0" * s.depth + s.path, (s.class_name or "").rsplit(".", 1)[-1],
-              format_bytes(s.stored_bytes) + (f" +{s.stored_unknown}?" if s.stored_unknown else ""),
-              format_bytes(s.releasable_bytes), format_bytes(s.live_at_peak_bytes)], numeric=(2, 3, 4))
+        _row(
+            [
+                "\u00a0\u00a0" * s.depth + s.path,
+                (s.class_name or "").rsplit(".", 1)[-1],
+                format_bytes(s.stored_bytes) + (f" +{s.stored_unknown}?" if s.stored_unknown else ""),
+                format_bytes(s.releasable_bytes),
+                format_bytes(s.live_at_peak_bytes),
+            ],
+            numeric=(2, 3, 4),
+        )
         for s in rows
     )
-    return ("<table><tr><th>scope</th><th>class</th><th>stored for backward</th><th>recomputing it releases</th>"
-            f"<th>alive at the peak (before)</th></tr>{body}</table>")
+    return (
+        "<table><tr><th>scope</th><th>class</th><th>stored for backward</th><th>recomputing it releases</th>"
+        f"<th>alive at the peak (before)</th></tr>{body}</table>"
+    )
 
 
 def _segment_table(est: EstimateResult) -> str:
     if not est.segments:
         return "<p class=muted>No rewrite.</p>"
     body = "".join(
-        _row([s["label"], s.get("cloned_nodes", len(s.get("clones", []))), len(s.get("targets", [])),
-              format_bytes(s.get("released_bytes", 0)), ", ".join(s.get("triggers", [])[:2]) or "-"], numeric=(1, 2, 3))
+        _row(
+            [
+                s["label"],
+                s.get("cloned_nodes", len(s.get("clones", []))),
+                len(s.get("targets", [])),
+                format_bytes(s.get("released_bytes", 0)),
+                ", ".join(s.get("triggers", [])[:2]) or "-",
+            ],
+            numeric=(1, 2, 3),
+        )
         for s in est.segments
     )
     skipped = "".join(f"<li>{_e(s['label'])}: {_e(s['reason'])}</li>" for s in est.skipped)
-    return ("<table><tr><th>segment</th><th>cloned nodes</th><th>recomputed activations</th>"
-            f"<th>stored bytes released</th><th>runs when the backward pass reaches</th></tr>{body}</table>"
-            + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else ""))
+    return (
+        "<table><tr><th>segment</th><th>cloned nodes</th><th>recomputed activations</th>"
+        f"<th>stored bytes released</th><th>runs when the backward pass reaches</th></tr>{body}</table>"
+        + (f"<p>Skipped:</p><ul>{skipped}</ul>" if skipped else "")
+    )
 
 
 def _live_table(label: str, est: MemoryEstimate, top: int) -> str:
-    body = "".join(_row([format_bytes(t.bytes), t.tensor, t.scope or "", t.region], numeric=(0,))
-                   for t in est.live_at_peak[:top])
+    body = "".join(
+        _row([format_bytes(t.bytes), t.tensor, t.scope or "", t.region], numeric=(0,)) for t in est.live_at_peak[:top]
+    )
     more = len(est.live_at_peak) - top
-    tail = (f"<p class=muted>… {more} more ({_e(format_bytes(sum(t.bytes for t in est.live_at_peak[top:])))})</p>"
-            if more > 0 else "")
-    return (f"<h3 style='font-size:1em'>{_e(label)}: {_e(format_bytes(est.planned_peak_bytes))} at "
-            f"<code>{_e(est.peak_node)}</code></h3><table><tr><th>bytes</th><th>tensor</th><th>scope</th>"
-            f"<th>made by</th></tr>{body}</table>{tail}")
+    tail = (
+        f"<p class=muted>… {more} more ({_e(format_bytes(sum(t.bytes for t in est.live_at_peak[top:])))})</p>"
+        if more > 0
+        else ""
+    )
+    return (
+        f"<h3 style='font-size:1em'>{_e(label)}: {_e(format_bytes(est.planned_peak_bytes))} at "
+        f"<code>{_e(est.peak_node)}</code></h3><table><tr><th>bytes</th><th>tensor</th><th>scope</th>"
+        f"<th>made by</th></tr>{body}</table>{tail}"
+    )
 
 
-def report_html(est: EstimateResult, *, timeline_svg: str | None, graph_svg: str | None, graph_dot: str | None,
-                graph_notes: Sequence[str] = (), title: str | None = None, scope_depth: int = 1, top: int = 10) -> str:
+def report_html(
+    est: EstimateResult,
+    *,
+    timeline_svg: str | None,
+    graph_svg: str | None,
+    graph_dot: str | None,
+    graph_notes: Sequence[str] = (),
+    title: str | None = None,
+    scope_depth: int = 1,
+    top: int = 10,
+) -> str:
     """The report page for an estimate and the pictures already rendered."""
     title = title or f"onnx-remat: {est.model}"
     if graph_svg is not None:
         graph = f"<div class=graph>{graph_svg}</div>"
     elif graph_dot is not None:
-        graph = ("<p class=note>Graphviz (<code>dot</code>) is not installed, so the graph is given as DOT text: "
-                 "install graphviz and render it with <code>dot -Tsvg</code>.</p>"
-                 f"<pre>{_e(graph_dot)}</pre>")
+        graph = (
+            "<p class=note>Graphviz (<code>dot</code>) is not installed, so the graph is given as DOT text: "
+            "install graphviz and render it with <code>dot -Tsvg</code>.</p>"
+            f"<pre>{_e(graph_dot)}</pre>"
+        )
     else:
         graph = "<p class=muted>No graph.</p>"
     notes = "".join(f"<li>{_e(n)}</li>" for n in list(est.notes) + list(graph_notes))
@@ -141,13 +192,22 @@ def report_html(est: EstimateResult, *, timeline_svg: str | None, graph_svg: str
         f"<style>{_CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
         f"<p class=muted>{_e(est.model)}" + (f" · dims {_e(est.dims)}" if est.dims else "") + "</p>"
-        "<h2>Summary</h2>" + _summary(est)
+        "<h2>Summary</h2>"
+        + _summary(est)
         + "<h2>Memory over one training step</h2>"
-        + (f"<div class=figure>{timeline_svg}</div>" if timeline_svg else "<p class=muted>No plot (matplotlib missing).</p>")
-        + "<h2>Scopes</h2>" + _scope_table(est, scope_depth)
-        + "<h2>Segments</h2>" + _segment_table(est)
-        + "<h2>Largest tensors alive at the peak</h2>" + lives
-        + "<h2>The rewritten region</h2>" + graph
+        + (
+            f"<div class=figure>{timeline_svg}</div>"
+            if timeline_svg
+            else "<p class=muted>No plot (matplotlib missing).</p>"
+        )
+        + "<h2>Scopes</h2>"
+        + _scope_table(est, scope_depth)
+        + "<h2>Segments</h2>"
+        + _segment_table(est)
+        + "<h2>Largest tensors alive at the peak</h2>"
+        + lives
+        + "<h2>The rewritten region</h2>"
+        + graph
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<p class=muted>Written by onnx-remat {_e(__version__)} on {_e(stamp)}.</p>"
         "</body></html>\n"
@@ -179,22 +239,22 @@ def write_report(
     out = Path(path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise RematError(f"{out}: the report is an HTML page; give a .html path")
-    from onnx_remat.remat.apply import ApplyResult
-    from onnx_remat.show.graph_view import graph_view, graph_view_of, graphviz_available, render, to_dot
+    from onnx_remat.remat.apply import ApplyResult, apply
+    from onnx_remat.show.graph_view import graph_view, graphviz_available, render, to_dot
 
+    applied: ApplyResult | ModelAnalysis
     if isinstance(source, ApplyResult):
-        from onnx_remat.analysis.model import analyze_model
-
-        src = source.analysis.source if source.analysis.source is not None else source.analysis.model
-        fresh = analyze_model(src, dims=dict(source.analysis.sizes.dims))  # the ApplyResult's own was edited
-        est = estimate_from_apply(source, analysis=fresh, execution_order=execution_order,
-                                  after_execution_order=after_execution_order)
-        view = graph_view_of(source, fresh, focus=focus, expand=expand)
+        applied = source
     else:
-        est = estimate(source, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs,
-                       dims=dims, execution_order=execution_order, after_execution_order=after_execution_order)
-        view = graph_view(source, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs,
-                          focus=focus, expand=expand, dims=dims)
+        analysis = source if isinstance(source, ModelAnalysis) else analyze_model(source, dims=dims)
+        selected = any(x for x in (scopes, op_types, nodes))
+        applied = (
+            apply(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
+            if selected
+            else analysis
+        )
+    est = estimate(applied, execution_order=execution_order, after_execution_order=after_execution_order)
+    view = graph_view(applied, focus=focus, expand=expand)
     try:
         from onnx_remat.show.timeline import svg_text
 
@@ -205,10 +265,12 @@ def write_report(
     graph_svg = None
     if graphviz_available():
         svg = render(dot_text, "svg").decode()
-        graph_svg = svg[svg.index("<svg"):] if "<svg" in svg else svg
-    graph_notes = ([f"graph: drew {', '.join(view.clusters) or 'no scope'} in full; collapsed {view.summary()}"]
-                   + list(view.notes))
-    page = report_html(est, timeline_svg=timeline_svg, graph_svg=graph_svg, graph_dot=dot_text,
-                       graph_notes=graph_notes, title=title)
+        graph_svg = svg[svg.index("<svg") :] if "<svg" in svg else svg
+    graph_notes = [f"graph: drew {', '.join(view.clusters) or 'no scope'} in full; collapsed {view.summary()}"] + list(
+        view.notes
+    )
+    page = report_html(
+        est, timeline_svg=timeline_svg, graph_svg=graph_svg, graph_dot=dot_text, graph_notes=graph_notes, title=title
+    )
     write_file(out, page)
     return out

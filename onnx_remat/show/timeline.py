@@ -80,22 +80,37 @@ def figure(source, *, title: str | None = None, width: float = 10.0, height: flo
             shaded.add(region)
         ax.axvspan(start - 0.5, stop - 0.5, color=_REGION_SHADE.get(region, "#eeeeee"), lw=0, label=label, zorder=0)
     for label, est in series:
-        color = _COLORS.get(label, None)
+        color = _COLORS.get(label)
         xs = list(range(len(est.steps)))
         ys = [s.live_bytes / MiB for s in est.steps]
-        line, = ax.plot(xs, ys, lw=1.6, color=color, label=f"{label}: planned peak {est.planned_peak_bytes / MiB:.1f} MiB",
-                        zorder=3)
+        (line,) = ax.plot(
+            xs, ys, lw=1.6, color=color, label=f"{label}: planned peak {est.planned_peak_bytes / MiB:.1f} MiB", zorder=3
+        )
         color = line.get_color()
         ax.axhline(est.planned_peak_bytes / MiB, color=color, lw=0.9, ls="--", alpha=0.8, zorder=2)
         if est.steps:
             k = max(range(len(ys)), key=lambda i: ys[i])
             ax.plot([k], [ys[k]], "o", color=color, ms=6, zorder=4)
-            ax.annotate(f"peak {ys[k]:.1f} MiB\n{_short(est.steps[k].node)}", (k, ys[k]), textcoords="offset points",
-                        xytext=(6, 6 if label != "after" else -24), fontsize=7.5, color=color)
+            ax.annotate(
+                f"peak {ys[k]:.1f} MiB\n{_short(est.steps[k].node)}",
+                (k, ys[k]),
+                textcoords="offset points",
+                xytext=(6, 6 if label != "after" else -24),
+                fontsize=7.5,
+                color=color,
+            )
         rec = [i for i, s in enumerate(est.steps) if s.region == RECOMPUTE]
         if rec:
-            ax.plot(rec, [ymax * 0.015] * len(rec), "|", color="#2a9d46", ms=7, mew=1.0, zorder=3,
-                    label=f"{label}: recompute steps ({len(rec)})")
+            ax.plot(
+                rec,
+                [ymax * 0.015] * len(rec),
+                "|",
+                color="#2a9d46",
+                ms=7,
+                mew=1.0,
+                zorder=3,
+                label=f"{label}: recompute steps ({len(rec)})",
+            )
     ax.set_xlim(-0.5, longest - 0.5)
     ax.set_ylim(0, ymax * 1.18)
     ax.set_xlabel("execution step (onnxruntime node order)")
@@ -109,7 +124,7 @@ def figure(source, *, title: str | None = None, width: float = 10.0, height: flo
 
 
 def _short(name: str, n: int = 48) -> str:
-    return name if len(name) <= n else "…" + name[-(n - 1):]
+    return name if len(name) <= n else "…" + name[-(n - 1) :]
 
 
 def plot_timeline(source, path: str | os.PathLike, *, title: str | None = None) -> Path:
@@ -131,7 +146,7 @@ def svg_text(source, *, title: str | None = None) -> str:
     buf = io.StringIO()
     figure(source, title=title).savefig(buf, format="svg")
     text = buf.getvalue()
-    return text[text.index("<svg"):] if "<svg" in text else text
+    return text[text.index("<svg") :] if "<svg" in text else text
 
 
 def timeline_from_order(model, execution_order: Sequence[str], path: str | os.PathLike, **kwargs) -> Path:
