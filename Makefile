@@ -1,11 +1,12 @@
 # The two commands a new machine needs (see README.md):
 #   make setup   virtualenv .venv with onnx-remat and its test extras, plus graphviz and chromium
 #   make test    the test suite (slow benchmarks are skipped; `make test-all` runs them too)
+#   make lint    ruff and mypy (CI runs it too)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 
-.PHONY: setup test test-all
+.PHONY: setup test test-all lint
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -18,3 +19,7 @@ test:
 
 test-all:
 	$(VENV)/bin/python -m pytest -m ''
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy

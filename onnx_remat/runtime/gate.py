@@ -573,40 +573,10 @@ def check(
 
         check_cuda_ready()
     baseline_path = Path(baseline)
-    recorded = None
-    if update:
-        if baseline_path.exists():
-            try:
-                recorded = read_baseline(baseline_path)
-            except UsageError:
-                recorded = None  # an unreadable file is replaced
-    else:
-        recorded = read_baseline(baseline_path)
-    selection = _selection(scopes, op_types, nodes, recompute_outputs)
-    if not (selection["scopes"] or selection["op_types"] or selection["nodes"]):
-        if recorded is None:
-            raise UsageError("give the selection to record (--scope PATTERN, --op-type OPS or --node NAME)")
-        rec = recorded.get("selection") or {}
-        selection = _selection(
-            rec.get("scopes"),
-            rec.get("op_types"),
-            rec.get("nodes") or [],
-            rec.get("recompute_outputs") or recompute_outputs,
-        )
-    if (
-        recorded is not None
-        and update
-        and (not _same_selection(recorded.get("selection") or {}, selection) or recorded.get("device", "cpu") != device)
-    ):
-        recorded = None  # re-recorded for another selection or device: nothing to compare with
-    if recorded is not None and not update:
-        if not _same_selection(recorded.get("selection") or {}, selection):
-            raise UsageError(
-                f"{baseline_path} was recorded for {_describe(recorded.get('selection') or {})}, this run asks for "
-                f"{_describe(selection)}: use the baseline's selection, or record a new one with --update-baseline"
-            )
-        if recorded.get("device", "cpu") != device:
-            raise UsageError(f"{baseline_path} was recorded on {recorded.get('device')}, this run is on {device}")
+    recorded = _recorded_baseline(baseline_path, update)
+    selection, recorded = _selection_to_check(
+        _selection(scopes, op_types, nodes, recompute_outputs), recorded, baseline_path, device, update
+    )
 
     apply_fn = apply_fn or _default_apply()
     result = apply_fn(
@@ -659,20 +629,8 @@ def check(
                 c.status, c.message = INFO, f"{c.message + '; ' if c.message else ''}accepted by --update-baseline"
         passed = comparison.equal
         if passed:
-            write_baseline(
-                baseline_path,
-                {
-                    "schema": BASELINE_SCHEMA,
-                    "recorded": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-                    "onnx_remat": __version__,
-                    "onnxruntime": versions["onnxruntime"],
-                    "model": str(model),
-                    "device": device,
-                    "selection": selection,
-                    "settings": {"seed": seed, "dims": dict(dims or {}), "atol": atol, "rtol": rtol},
-                    "figures": figures,
-                },
-            )
+            settings = {"seed": seed, "dims": dict(dims or {}), "atol": atol, "rtol": rtol}
+            write_baseline(baseline_path, _baseline_record(model, device, selection, settings, figures, versions))
             updated = True
         else:
             diagnosis.append("baseline not written: the rewrite's gradients do not match the original's")
@@ -703,6 +661,65 @@ def check(
         comparison=comparison,
         duration_s=time.perf_counter() - started,
     )
+
+
+def _recorded_baseline(path: Path, update: bool) -> dict | None:
+    """The baseline to compare with: required unless ``update``; an unreadable one is then replaced."""
+    if not update:
+        return read_baseline(path)
+    if not path.exists():
+        return None
+    try:
+        return read_baseline(path)
+    except UsageError:
+        return None
+
+
+def _selection_to_check(
+    selection: dict, recorded: dict | None, path: Path, device: str, update: bool
+) -> tuple[dict, dict | None]:
+    """The selection this run checks (the given one, else the baseline's) and the baseline still to
+    compare with. A baseline for another selection or device is an error, or with ``update``,
+    dropped (it is being re-recorded)."""
+    if not (selection["scopes"] or selection["op_types"] or selection["nodes"]):
+        if recorded is None:
+            raise UsageError("give the selection to record (--scope PATTERN, --op-type OPS or --node NAME)")
+        rec = recorded.get("selection") or {}
+        selection = _selection(
+            rec.get("scopes"),
+            rec.get("op_types"),
+            rec.get("nodes") or [],
+            rec.get("recompute_outputs") or selection["recompute_outputs"],
+        )
+    if recorded is None:
+        return selection, None
+    same = _same_selection(recorded.get("selection") or {}, selection)
+    same_device = recorded.get("device", "cpu") == device
+    if update:
+        return selection, recorded if same and same_device else None
+    if not same:
+        raise UsageError(
+            f"{path} was recorded for {_describe(recorded.get('selection') or {})}, this run asks for "
+            f"{_describe(selection)}: use the baseline's selection, or record a new one with --update-baseline"
+        )
+    if not same_device:
+        raise UsageError(f"{path} was recorded on {recorded.get('device')}, this run is on {device}")
+    return selection, recorded
+
+
+def _baseline_record(model, device: str, selection: dict, settings: dict, figures: dict, versions: dict) -> dict:
+    """The baseline file's content (schema in the module docstring)."""
+    return {
+        "schema": BASELINE_SCHEMA,
+        "recorded": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "onnx_remat": __version__,
+        "onnxruntime": versions["onnxruntime"],
+        "model": str(model),
+        "device": device,
+        "selection": selection,
+        "settings": settings,
+        "figures": figures,
+    }
 
 
 def _default_apply():

@@ -14,7 +14,9 @@ from onnx import TensorProto, helper
 
 from onnx_remat.cli.main import main
 
-_spec = importlib.util.spec_from_file_location("runtime_models", Path(__file__).with_name("test_runtime_models.py"))
+_spec = importlib.util.spec_from_file_location(
+    "runtime_models", Path(__file__).parents[1] / "runtime" / "test_runtime_models.py"
+)
 models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(models)
 

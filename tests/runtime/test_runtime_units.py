@@ -359,7 +359,7 @@ def test_worker_env_puts_package_on_path():
 
     env = worker_env("cpu", {"X_TEST": "1"})
     assert env["X_TEST"] == "1"
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(__import__("pathlib").Path(__file__).resolve().parents[1])
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(__import__("pathlib").Path(__file__).resolve().parents[2])
     assert sys.executable  # the worker runs with this interpreter
 
 

@@ -32,8 +32,18 @@ def _run(*args):
 
 
 def test_apply_with_report_analyses_once(analyses, tmp_path):
-    _run("apply", artifacts_dir("blocks10"), "--scope", "Block", "-o", tmp_path / "out", "--report",
-         tmp_path / "r.html", "--json", tmp_path / "s.json")
+    _run(
+        "apply",
+        artifacts_dir("blocks10"),
+        "--scope",
+        "Block",
+        "-o",
+        tmp_path / "out",
+        "--report",
+        tmp_path / "r.html",
+        "--json",
+        tmp_path / "s.json",
+    )
     assert len(analyses) == 1
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCKS10 = ROOT / "models" / "artifacts" / "blocks10"
 PARAMS = ["emb.weight", "fc1.weight", "fc1.bias", "fc2.weight"]
 
