@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import onnx
 
@@ -409,7 +409,7 @@ def _export_torchscript(module: Any, args: tuple, opset: int, input_names, outpu
     torch.onnx.export(
         module,
         args,
-        f,
+        cast(Any, f),  # a file object works; the stubs name only paths
         dynamo=False,
         opset_version=opset,
         training=torch.onnx.TrainingMode.TRAINING,
@@ -442,6 +442,7 @@ def _export_dynamo(module: Any, args: tuple, opset: int, input_names, output_nam
         verbose=False,
         optimize=False,
     )
+    assert program is not None  # dynamo=True always returns the program
     # The exporter's optimizer (optimize=True) is needed (it turns SplitToSequence + SequenceAt,
     # which have no gradient in onnxruntime, back into Split), but it treats parameters as
     # constants: it folds ops that read them (GPT-2's position embedding disappeared) and merges

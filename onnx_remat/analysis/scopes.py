@@ -284,12 +284,12 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         for proto in eval_model.graph.node:
             if not proto.metadata_props:
                 continue
-            meta = {p.key: p.value for p in proto.metadata_props}
+            props = {p.key: p.value for p in proto.metadata_props}
             if proto.name:
-                eval_meta[proto.name] = meta
+                eval_meta[proto.name] = props
             for out in proto.output:
                 if out:
-                    eval_meta_by_output[out] = meta
+                    eval_meta_by_output[out] = props
 
     root = Scope(path="")
     root_class = None

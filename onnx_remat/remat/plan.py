@@ -312,7 +312,7 @@ class Planner:
         # pass reaches that scope first.
         # (Ordered by each scope's last node: parameter-only nodes may be scheduled first.)
         last_node = {s.path: max(self.tg.position[id(n)] for n in s.all_nodes()) for s in scopes}
-        paths = sorted(paths, key=last_node.get)
+        paths = sorted(paths, key=lambda p: last_node[p])
         rank = {p: i for i, p in enumerate(paths)}
         owner = {id(n): s.path for s in scopes for n in s.all_nodes()}
         assigned: dict[str, list[gs.Tensor]] = {p: [] for p in paths}
@@ -424,7 +424,7 @@ class Planner:
         if not targets:
             return None
         chosen: dict[int, gs.Node] = {}
-        stack = [producer(t) for t in targets]
+        stack = [p for p in (producer(t) for t in targets) if p is not None]
         while stack:
             node = stack.pop()
             if id(node) in chosen:
@@ -514,6 +514,7 @@ class Planner:
                     rebuilt = self._segment(
                         seg.label, seg.kind, seg.scopes, seg.targets, lambda n, keep=keep: id(n) in keep, seg.kept
                     )
+                    assert rebuilt is not None  # seg.targets is not empty
                     seg.recompute, seg.boundary = rebuilt.recompute, rebuilt.boundary
             segments = [s for s in segments if s.targets]
             if not changed:

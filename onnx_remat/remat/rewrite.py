@@ -493,7 +493,8 @@ class RecomputeRewrite:
                 own = {seg.barrier} | set(seg.clones)
                 for name in seg.clones:
                     clone = by_name[name]
-                    if not any(producer(t) is not None and producer(t).name in own for t in clone.inputs):
+                    feeders = [producer(t) for t in clone.inputs]
+                    if not any(p is not None and p.name in own for p in feeders):
                         raise RuntimeError(f"clone {name!r} is not behind its barrier")
 
 

@@ -55,6 +55,7 @@ from onnx_remat.runtime.measure import (
     _measure_prepared,
     _Prepared,
     _reference_outputs,
+    _Source,
     _source,
     _validate,
     _Workdir,
@@ -216,9 +217,23 @@ def compare(
             synthesize_parameters=src_a.checkpoint is None,
         )
         path = feeds.save(tmp / "feeds.npz")
-        kw = dict(device=device, steps=steps, warmup=warmup, seed=seed, live=live, progress=progress, save_outputs=True)
-        ma, out_a = _measure_prepared(_Prepared(src_a, feeds, path), workdir=tmp / "a", tag="A", **kw)
-        mb, out_b = _measure_prepared(_Prepared(src_b, feeds, path), workdir=tmp / "b", tag="B", **kw)
+
+        def run(src: _Source, label: str) -> tuple[Measurement, dict[str, np.ndarray] | None]:
+            return _measure_prepared(
+                _Prepared(src, feeds, path),
+                device=device,
+                steps=steps,
+                warmup=warmup,
+                seed=seed,
+                live=live,
+                progress=progress,
+                save_outputs=True,
+                workdir=tmp / label.lower(),
+                tag=label,
+            )
+
+        ma, out_a = run(src_a, "A")
+        mb, out_b = run(src_b, "B")
         ma.notes.extend(notes_a)
         mb.notes.extend(notes_b)
         if out_a is None or out_b is None:  # pragma: no cover - the worker always writes them

@@ -279,9 +279,10 @@ def check_rewrite(
         # producers of that node's inputs have run.
         if node is None or node not in inputs_in or depth >= 8:
             return node, None
-        found = [producer_position(i, depth + 1) for i in inputs_in[node]]
-        found = [(n, p) for n, p in found if p is not None]
-        return max(found, key=lambda f: f[1]) if found else (node, None)
+        known = [(n, p) for n, p in (producer_position(i, depth + 1) for i in inputs_in[node]) if p is not None]
+        if not known:
+            return node, None
+        return max(known, key=lambda f: f[1])
 
     for entry in read_plan(model):
         clones = [c for c in entry.get("clones", []) if isinstance(c, str)]

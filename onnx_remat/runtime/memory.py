@@ -84,7 +84,7 @@ class Fd2Capture:
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._file = open(self.path, "w+b")  # noqa: SIM115 - closed in close()
-        self._saved = os.dup(2)
+        self._saved: int | None = os.dup(2)
         os.dup2(self._file.fileno(), 2)
 
     def mark(self) -> int:

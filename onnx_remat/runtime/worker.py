@@ -31,6 +31,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class _Runner:
         self.buffers = buffers
         self.output_names = [o.name for o in sess.get_outputs()]
         self.binding = None
-        self._device_values: dict[str, object] = device_values or {}
+        self._device_values: dict[str, Any] = device_values or {}
         if device_values is not None:
             self.binding = sess.io_binding()
             for name in feeds:
@@ -139,7 +140,8 @@ class _Runner:
             grads = {f"{p}_grad": self.feeds[b] for b, p in self.buffers.items()}
         else:
             outs = self.binding.copy_outputs_to_cpu()
-            grads = {f"{p}_grad": self._device_values[b].numpy() for b, p in self.buffers.items()}
+            values = self._device_values or {}
+            grads = {f"{p}_grad": values[b].numpy() for b, p in self.buffers.items()}
         result = {
             n: np.array(v, copy=True) for n, v in zip(self.output_names, outs) if not n.endswith(GRADIENT_FLAG_SUFFIX)
         }
@@ -199,7 +201,7 @@ def run_arena(spec: dict, emit) -> dict:
         runner = _Runner(sess, feeds, spec.get("buffers", {}), on_device)
         start = capture.mark()
         first_end = None
-        outputs = None
+        outputs: dict[str, np.ndarray] | None = None
         unstable: list[str] = []
         profile_path = None
         times: list[float] = []
@@ -220,7 +222,8 @@ def run_arena(spec: dict, emit) -> dict:
                 # Same feeds, same seed: any difference is nondeterminism of the kernels
                 # (e.g. GatherGrad's multithreaded scatter-add on CPU).
                 again = runner.collect()
-                unstable = [n for n, v in again.items() if not _same_bits(v, outputs[n])]
+                previous = outputs or {}
+                unstable = [n for n, v in again.items() if not _same_bits(v, previous[n])]
                 del again
             if i >= spec["warmup"]:
                 times.append(dt)
@@ -234,7 +237,7 @@ def run_arena(spec: dict, emit) -> dict:
     whole = parse_arena_log(log_all, arena_name)
     if spec.get("save_outputs") and outputs is not None:
         save_arrays(workdir / "outputs.npz", outputs)
-    first = next(iter(outputs.values())) if outputs else None
+    first: np.ndarray | None = next(iter(outputs.values())) if outputs else None
     loss = _scalar(first) if first is not None else None
     return {
         "planned_peak_bytes": first_step.largest_request,

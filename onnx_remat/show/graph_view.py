@@ -107,11 +107,11 @@ class GraphView:
 # -- assigning nodes to units ----------------------------------------------------------------
 
 
-def _unit_paths(analysis: ModelAnalysis, expanded_scopes) -> tuple[dict[int, str], dict[str, object]]:
+def _unit_paths(analysis: ModelAnalysis, expanded_scopes: list[Scope]) -> tuple[dict[int, str], dict[str, Scope]]:
     """Unit path of every forward node: its expanded scope instance, else its top-level scope."""
     expanded = {id(s): s for s in expanded_scopes}
     unit_of: dict[int, str] = {}
-    top_scope: dict[str, object] = {}
+    top_scope: dict[str, Scope] = {}
     for node in analysis.graph.forward_nodes:
         scope = analysis.scopes.scope_of(node)
         chosen = None
@@ -161,10 +161,12 @@ def graph_view(
     else:
         analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
         if _as_list(scopes) or _as_list(op_types) or _as_list(nodes):
-            applied = apply(analysis, scopes=scopes, op_types=op_types, nodes=nodes,
-                            recompute_outputs=recompute_outputs)
-    return _build(analysis, applied, _expanded(analysis, applied, _as_list(focus), expand), before=before,
-                  max_run=max_run)
+            applied = apply(
+                analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs
+            )
+    return _build(
+        analysis, applied, _expanded(analysis, applied, _as_list(focus), expand), before=before, max_run=max_run
+    )
 
 
 def _expanded(analysis: ModelAnalysis, applied: ApplyResult | None, focus: list[str], expand: int) -> list[Scope]:
@@ -243,8 +245,9 @@ def _build(
         )
         if len(segs) > 3:
             title += " …"
-    return GraphView(title=title, nodes=nodes, edges=edges, clusters=clusters, collapsed=collapsed, notes=notes,
-                     rewritten=rewritten)
+    return GraphView(
+        title=title, nodes=nodes, edges=edges, clusters=clusters, collapsed=collapsed, notes=notes, rewritten=rewritten
+    )
 
 
 def _kind(name: str, backward_names: set[str]) -> str:
@@ -382,8 +385,16 @@ def _view_nodes(d: _Drawing) -> tuple[list[ViewNode], dict[int, str]]:
         else:
             node_id[i] = "box:" + d.box_of.get(u, u)
     for box, st in stats.items():
-        parts = [f"{st[k]} {word}" for k, word in (("forward", "forward"), ("backward", "backward"),
-                                                    ("clone", "clones"), ("barrier", "barriers")) if st[k]]
+        parts = [
+            f"{st[k]} {word}"
+            for k, word in (
+                ("forward", "forward"),
+                ("backward", "backward"),
+                ("clone", "clones"),
+                ("barrier", "barriers"),
+            )
+            if st[k]
+        ]
         counts = " + ".join(parts) + " nodes"
         stored = f"\nstores {format_bytes(st['stored'])}" if st["stored"] else ""
         title = box.strip("()") if box.startswith("(") else box
@@ -466,7 +477,7 @@ def to_dot(view: GraphView) -> str:
             continue
         lines.append(f"  subgraph cluster_{k} {{")
         lines.append(f'    label={_q(title)}; style="rounded,dashed"; color="#999999"; fontsize=12;')
-        groups = {"forward": [], "backward": [], "recompute": []}
+        groups: dict[str, list[ViewNode]] = {"forward": [], "backward": [], "recompute": []}
         for n in members:
             groups["recompute" if n.kind in ("clone", "barrier") else n.kind].append(n)
         for g, (label, color) in {

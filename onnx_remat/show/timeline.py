@@ -22,6 +22,7 @@ import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from onnx_remat.errors import EnvironmentProblem, RematError
 from onnx_remat.estimate import BACKWARD, FORWARD, RECOMPUTE, EstimateResult, MemoryEstimate, estimate
@@ -67,8 +68,8 @@ def figure(source, *, title: str | None = None, width: float = 10.0, height: flo
     fig = Figure(figsize=(width, height), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     longest = max(len(est.steps) for _, est in series)
-    ymax = max(max((s.live_bytes for s in est.steps), default=0) for _, est in series)
-    ymax = max(ymax, max(est.planned_peak_bytes for _, est in series)) / MiB or 1.0
+    top = max(max((s.live_bytes for s in est.steps), default=0) for _, est in series)
+    ymax = max(top, max(est.planned_peak_bytes for _, est in series)) / MiB or 1.0
     base = max((est for _, est in series), key=lambda e: len(e.steps))  # the longest spans every step
     runs = _regions([s.region for s in base.steps])
     shaded = set()
@@ -80,7 +81,7 @@ def figure(source, *, title: str | None = None, width: float = 10.0, height: flo
             shaded.add(region)
         ax.axvspan(start - 0.5, stop - 0.5, color=_REGION_SHADE.get(region, "#eeeeee"), lw=0, label=label, zorder=0)
     for label, est in series:
-        color = _COLORS.get(label)
+        color: Any = _COLORS.get(label)
         xs = list(range(len(est.steps)))
         ys = [s.live_bytes / MiB for s in est.steps]
         (line,) = ax.plot(
