@@ -1,0 +1,79 @@
+"""One small graph per rule of the memory emulation, each compared with onnxruntime's measured
+planned peak (the memory-pattern block of one step; CPU, onnxruntime-training 1.19.2).
+
+Each graph is built so that the rule changes the planned peak: without the rule the estimate is
+off. Every test runs onnxruntime once (a worker process, about a second).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from onnx_remat.estimate import estimate_graph
+from onnx_remat.shapes import TensorSizes
+
+pytest.importorskip("onnxruntime")
+
+X = [1, 64, 1024]  # 256 KiB of float
+
+
+def _vi(name, shape, elem=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def _node(op, inputs, outputs, domain="", **attrs):
+    return helper.make_node(op, inputs, outputs, name=outputs[0], domain=domain, **attrs)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", opset),
+                                                                  helper.make_opsetid("com.microsoft", 1)])
+
+
+def _measured(model, tmp_path, level=None) -> int:
+    from onnx_remat.runtime.measure import measure
+
+    path = tmp_path / "model.onnx"
+    onnx.save(model, path)
+    return measure(path, steps=1, live=False).planned_peak_bytes
+
+
+def _estimated(model, *, runtime_optimizations=True) -> int:
+    est, _, _ = estimate_graph(model, TensorSizes(model), runtime_optimizations=runtime_optimizations)
+    return est.planned_peak_bytes
+
+
+def _check(model, tmp_path, expected):
+    measured = _measured(model, tmp_path)
+    estimated = _estimated(model)
+    assert measured == expected, f"onnxruntime changed: measured {measured}, expected {expected}"
+    assert estimated == measured, f"estimated {estimated}, measured {measured}"
+
+
+def test_output_nothing_reads_takes_no_freed_buffer(tmp_path):
+    # i (int64, 512 KiB) dies at step 1 and q takes its place in the block; j = Cast(q) is read by
+    # nobody. Reusing i's buffer for j would cost nothing in the emulation (768 KiB), but
+    # onnxruntime allocates j anew (microsoft/onnxruntime#21019): 1.25 MiB.
+    nodes = [
+        _node("Cast", ["x"], ["i"], to=TensorProto.INT64),
+        _node("Cast", ["i"], ["i2"], to=TensorProto.FLOAT),
+        _node("Add", ["x", "i2"], ["q"]),
+        _node("Neg", ["q"], ["c0"]),
+        _node("Add", ["c0", "i2"], ["c"]),
+        _node("Cast", ["q"], ["j"], to=TensorProto.INT64),  # last in the list: runs right after q
+    ]
+    _check(_model(nodes, [_vi("x", X)], [_vi("c", X)]), tmp_path, 1310720)
+
+
+def test_unread_maxpool_indices_are_not_shared(tmp_path):
+    # Two MaxPools whose indices nobody reads (a recompute rewrite leaves the forward ones so):
+    # each keeps a buffer of its own to the end of the step.
+    def pool(x, outs):
+        return _node("MaxPool", [x], outs, kernel_shape=[3], pads=[1, 1], strides=[1])
+
+    nodes = [pool("x", ["a", "am"]), pool("y", ["b", "bm"]), _node("Add", ["a", "b"], ["c"])]
+    _check(_model(nodes, [_vi("x", X), _vi("y", X)], [_vi("c", X)]), tmp_path, 1572864)
