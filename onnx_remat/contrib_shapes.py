@@ -151,7 +151,7 @@ for _op in (
     "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasSoftmax", "DropoutGrad", "BiasDropoutGrad",
     "ReluGrad", "SigmoidGrad", "TanhGrad", "QuickGeluGrad", "GeluGrad", "FastGeluGrad", "BiasGeluGrad_dX",
     "BiasFastGeluGrad_dX", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13",
-    "LeakyReluGrad", "SinGrad", "ReciprocalGrad", "SqrtGrad", "BitmaskDropoutGrad",
+    "LeakyReluGrad", "SinGrad", "ReciprocalGrad", "SqrtGrad", "BitmaskDropoutGrad", "Scale",
 ):
     RULES.setdefault(_op, _same_as(0))
 

@@ -77,3 +77,24 @@ def test_unread_maxpool_indices_are_not_shared(tmp_path):
 
     nodes = [pool("x", ["a", "am"]), pool("y", ["b", "bm"]), _node("Add", ["a", "b"], ["c"])]
     _check(_model(nodes, [_vi("x", X), _vi("y", X)], [_vi("c", X)]), tmp_path, 1572864)
+
+
+@pytest.mark.parametrize("op,attrs,elem", [
+    ("Softmax", {"axis": -1}, TensorProto.FLOAT),
+    ("LogSoftmax", {"axis": -1}, TensorProto.FLOAT),
+    ("Clip", {}, TensorProto.FLOAT),
+    ("Cast", {"to": TensorProto.INT32}, TensorProto.INT32),  # same element size: in place
+])
+def test_kernels_that_work_in_place(tmp_path, op, attrs, elem):
+    # a = Neg(x) is read last by `op`, whose output takes a's buffer: one 256 KiB buffer.
+    nodes = [_node("Neg", ["x"], ["a"]), _node(op, ["a"], ["b"], **attrs)]
+    nodes.append(_node("Cast", ["b"], ["c"], to=TensorProto.FLOAT) if op == "Cast" else _node("Neg", ["b"], ["c"]))
+    _check(_model(nodes, [_vi("x", X)], [_vi("c", X)]), tmp_path, 262144)
+
+
+def test_scale_output_is_planned(tmp_path):
+    # com.microsoft::Scale (the ReduceMean gradient) keeps its input's shape: planned in the block.
+    nodes = [_node("Neg", ["x"], ["a"]), _node("Scale", ["a", "s"], ["b"], domain="com.microsoft"),
+             _node("Neg", ["b"], ["c"])]
+    s = numpy_helper.from_array(np.array(2.0, np.float32), "s")
+    _check(_model(nodes, [_vi("x", X)], [_vi("c", X)], [s]), tmp_path, 524288)
