@@ -14,7 +14,8 @@ DEFAULT execution order:
 
 * at load: ``Constant`` nodes become initializers;
 * level 1, repeated until nothing changes: ``EliminateIdentity``, ``CastElimination``,
-  ``NoopElimination`` and ``GemmTransposeFusion`` (rules), ``CommonSubexpressionElimination``,
+  ``NoopElimination`` and ``GemmTransposeFusion`` (rules), ``ConstantSharing`` (equal constant
+  initializers of up to 8 elements become one), ``CommonSubexpressionElimination``,
   ``ConstantFolding`` (nodes whose inputs are all constant, and ``Shape`` of a statically shaped
   tensor), and the ``TransposeOptimizer``'s merging of consecutive Transposes;
 * level 2, repeated until nothing changes: ``GemmTransposeFusion``, ``MatmulTransposeFusion``
@@ -24,7 +25,7 @@ DEFAULT execution order:
 
 New nodes are appended (the next free index) and removed nodes leave holes, as in onnxruntime.
 Not emulated (do not change the example graphs; see README for what that means elsewhere):
-the rest of the TransposeOptimizer (pushing Transposes through other ops), ConstantSharing, the
+the rest of the TransposeOptimizer (pushing Transposes through other ops), the
 remaining level-1 rules (slice/unsqueeze/expand/dropout elimination,
 DivMulFusion, ...), ReshapeFusion, GeluFusion, LayerNormFusion, the level-2 fusions of other op
 patterns, NCHWc layout (level 3) and every CUDA-only fusion. Every pass is linear (plus a sort
@@ -267,6 +268,7 @@ def optimize(rg: RuntimeGraph, *, max_steps: int = 10) -> RuntimeGraph:
     transpose, matmuls = ("", "Transpose"), (("", "MatMul"), (MS, "FusedMatMul"))
     for _ in range(max_steps):
         changed = _level1_rules(rg)
+        changed |= _constant_sharing(rg)
         changed |= _cse(rg)
         changed |= _constant_folding(rg)
         if rg.has_op(transpose):
@@ -470,6 +472,40 @@ def _gemm_transpose_fusion(rg: RuntimeGraph, gemm: RuntimeNode) -> bool:
     rg.add(gemm.name + "/GemmTransposeFusion/", "Gemm", "", inputs, outputs, attrs, origin)
     rg.rewrites["GemmTransposeFusion"] += 1
     return True
+
+
+# ConstantSharing's limits in onnxruntime 1.19 (measured: two Reshapes of one tensor by equal
+# shape initializers of 8 int64 elements become one node after CSE, of 9 stay two; a 2x2
+# initializer is not shared, nor a scalar with a one-element vector).
+_SHARED_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                           onnx.TensorProto.INT32, onnx.TensorProto.INT64})
+_SHARED_MAX_ELEMENTS = 8
+
+
+def _constant_sharing(rg: RuntimeGraph) -> bool:
+    """``ConstantSharing``: constant initializers (not graph inputs) of rank 0 or 1 with at most 8
+    elements and equal type, rank and values are replaced by one of them, so that
+    ``CommonSubexpressionElimination`` sees their readers' inputs as equal (e.g. the per-layer
+    ``A_target_shape`` initializers of the gradient builder's Reshapes)."""
+    shared: dict[tuple, str] = {}
+    changed = False
+    for name in sorted(rg.constants):
+        if not rg.consumers.get(name):
+            continue
+        t = rg.initializers.get(name)
+        if t is None or t.data_type not in _SHARED_TYPES or len(t.dims) > 1:
+            continue
+        value = _constant_value(rg, name)
+        if value is None or value.size > _SHARED_MAX_ELEMENTS:
+            continue
+        key = (t.data_type, len(t.dims), np.ascontiguousarray(value).tobytes())
+        first = shared.setdefault(key, name)
+        if first != name:
+            rg.rewire(name, first)
+            changed = True
+    if changed:
+        rg.rewrites["ConstantSharing"] += 1
+    return changed
 
 
 def _cse(rg: RuntimeGraph) -> bool:

@@ -98,3 +98,23 @@ def test_scale_output_is_planned(tmp_path):
              _node("Neg", ["b"], ["c"])]
     s = numpy_helper.from_array(np.array(2.0, np.float32), "s")
     _check(_model(nodes, [_vi("x", X)], [_vi("c", X)], [s]), tmp_path, 524288)
+
+
+def test_equal_small_constants_are_shared(tmp_path):
+    # Two Muls by equal 8-element constants of different names: onnxruntime's ConstantSharing
+    # makes them one initializer, CSE then one node (a and m: 2 buffers instead of 3).
+    shape = [8192, 8]  # 256 KiB of float
+    v = np.arange(8, dtype=np.float32)
+    inits = [numpy_helper.from_array(v, "s1"), numpy_helper.from_array(v.copy(), "s2")]
+    nodes = [_node("Neg", ["x"], ["a"]), _node("Mul", ["a", "s1"], ["m1"]), _node("Mul", ["a", "s2"], ["m2"]),
+             _node("Add", ["m1", "m2"], ["c"])]
+    _check(_model(nodes, [_vi("x", shape)], [_vi("c", shape)], inits), tmp_path, 524288)
+
+
+def test_nine_element_constants_are_not_shared(tmp_path):
+    shape = [8192, 9]
+    v = np.arange(9, dtype=np.float32)
+    inits = [numpy_helper.from_array(v, "s1"), numpy_helper.from_array(v.copy(), "s2")]
+    nodes = [_node("Neg", ["x"], ["a"]), _node("Mul", ["a", "s1"], ["m1"]), _node("Mul", ["a", "s2"], ["m2"]),
+             _node("Add", ["m1", "m2"], ["c"])]
+    _check(_model(nodes, [_vi("x", shape)], [_vi("c", shape)], inits), tmp_path, 3 * 294912)
