@@ -199,6 +199,7 @@ class RuntimeGraph:
         producers: dict[int, list[int]] = {}
         has_consumer: set[int] = set()
         indices: list[int] = []
+        follow: dict[int, int] = {}
         for n in self.nodes:
             if n is None:
                 continue
@@ -207,7 +208,9 @@ class RuntimeGraph:
             if ps:
                 producers[n.index] = ps
                 has_consumer.update(ps)
-        return default_order(indices, producers, has_consumer)
+                if n.key in (("", "Shape"), ("", "Size")):
+                    follow[n.index] = ps[0]
+        return default_order(indices, producers, has_consumer, follow)
 
     def priority_order(self) -> list[int]:
         live = self.live()

@@ -100,6 +100,21 @@ def test_scale_output_is_planned(tmp_path):
     _check(_model(nodes, [_vi("x", X)], [_vi("c", X)], [s]), tmp_path, 524288)
 
 
+def test_size_runs_right_after_its_input(tmp_path):
+    # The DEFAULT walk would run Size(a) after c0, keeping a alive through b and c0 (768 KiB); the
+    # training build moves Shape / Size nodes right after their input's producer: a dies after b
+    # and c0 takes its buffer (512 KiB, and 256 bytes that s and then sf use).
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Size", ["a"], ["s"]),
+        _node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+        _node("Neg", ["a"], ["b"]),
+        _node("Neg", ["b"], ["c0"]),
+        _node("Mul", ["c0", "sf"], ["c"]),
+    ]
+    _check(_model(nodes, [_vi("x", X)], [_vi("c", X)]), tmp_path, 524288 + 256)
+
+
 def test_equal_small_constants_are_shared(tmp_path):
     # Two Muls by equal 8-element constants of different names: onnxruntime's ConstantSharing
     # makes them one initializer, CSE then one node (a and m: 2 buffers instead of 3).
