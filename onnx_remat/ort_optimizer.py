@@ -14,7 +14,7 @@ DEFAULT execution order:
 
 * at load: ``Constant`` nodes become initializers;
 * level 1, repeated until nothing changes: ``EliminateIdentity``, ``CastElimination``,
-  ``NoopElimination`` and ``GemmTransposeFusion`` (rules), ``ConstantSharing`` (equal constant
+  ``NoopElimination``, ``GemmSumFusion`` and ``GemmTransposeFusion`` (rules), ``ConstantSharing`` (equal constant
   initializers of up to 8 elements become one), ``CommonSubexpressionElimination``,
   ``ConstantFolding`` (nodes whose inputs are all constant, and ``Shape`` of a statically shaped
   tensor), and the ``TransposeOptimizer``'s merging of consecutive Transposes;
@@ -303,7 +303,7 @@ def _level1_rules(rg: RuntimeGraph) -> bool:
         elif node.key == ("", "Cast") and _cast_is_noop(rg, node):
             changed |= _eliminate_identity(rg, node, rule="CastElimination")
         elif node.key == ("", "Gemm"):
-            changed |= _gemm_transpose_fusion(rg, node)
+            changed |= _gemm_sum_fusion(rg, node) or _gemm_transpose_fusion(rg, node)
         elif node.key in _NOOP_IDENTITY:
             changed |= _noop_elimination(rg, node)
     return changed
@@ -509,6 +509,39 @@ def _constant_sharing(rg: RuntimeGraph) -> bool:
     if changed:
         rg.rewrites["ConstantSharing"] += 1
     return changed
+
+
+def _gemm_sum_fusion(rg: RuntimeGraph, gemm: RuntimeNode) -> bool:
+    """``GemmSumFusion`` (level 1, tried before GemmTransposeFusion): a Gemm without C whose only
+    reader is a two-input Sum becomes one Gemm (new node, beta 1) adding the Sum's other input as
+    C, when that input broadcasts one-way to the (M, N) output: (N), (1, N), (M, 1), (M, N). The
+    tied-embedding gradient is the case met: the fused Gemm is appended, so it runs last."""
+    inputs = [t for t in gemm.inputs if t]
+    if len(gemm.inputs) != 2 or len(inputs) != 2 or rg.produces_graph_output(gemm):
+        return False
+    out = gemm.outputs[0]
+    readers = rg.consumers.get(out, ())
+    if len(readers) != 1 or rg.output_edge_count(gemm) != 1:
+        return False
+    total = rg.nodes[readers[0]]
+    if total is None or total.key != ("", "Sum") or len(total.inputs) != 2:
+        return False
+    other = total.inputs[1] if total.inputs[0] == out else total.inputs[0]
+    dims = rg.sizes.raw_dims(out) if rg.sizes.declared(out) else None
+    bias = rg.sizes.raw_dims(other) if (other and rg.sizes.declared(other)) else None
+    if dims is None or bias is None or len(dims) != 2:
+        return False
+    m, n = dims
+    if not (bias == (n,) or bias == (1, n) or (len(bias) == 2 and bias[0] == m and bias[1] in (1, n))):
+        return False
+    attrs = {"transA": int(gemm.attrs.get("transA", 0)), "transB": int(gemm.attrs.get("transB", 0)),
+             "alpha": float(gemm.attrs.get("alpha", 1.0)), "beta": 1.0}
+    rg.remove(gemm)
+    rg.remove(total)
+    rg.add(gemm.name + "/GemmSumFusion/", "Gemm", "", [gemm.inputs[0], gemm.inputs[1], other], list(total.outputs),
+           attrs, gemm.origin + total.origin)
+    rg.rewrites["GemmSumFusion"] += 1
+    return True
 
 
 def _cse(rg: RuntimeGraph) -> bool:

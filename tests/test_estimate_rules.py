@@ -133,3 +133,16 @@ def test_nine_element_constants_are_not_shared(tmp_path):
     nodes = [_node("Neg", ["x"], ["a"]), _node("Mul", ["a", "s1"], ["m1"]), _node("Mul", ["a", "s2"], ["m2"]),
              _node("Add", ["m1", "m2"], ["c"])]
     _check(_model(nodes, [_vi("x", shape)], [_vi("c", shape)], inits), tmp_path, 3 * 294912)
+
+
+def test_gemm_sum_fusion(tmp_path):
+    # Sum(Gemm(a, w), d) becomes one Gemm with C = d (GemmSumFusion), appended to the node list:
+    # the DEFAULT walk now runs the Gemm branch before the reduction branch (index 5), so s
+    # (256 KiB) is alive next to t (1 MiB, placed above the freed a and d): 1.75 MiB.
+    m = [256, 256]
+    nodes = [_node("Neg", ["x"], ["a"]), _node("Neg", ["y"], ["d"]), _node("Gemm", ["a", "w"], ["g"]),
+             _node("Sum", ["g", "d"], ["s"]), _node("Neg", ["z"], ["t"]),
+             _node("ReduceMean", ["t"], ["e"], axes=[0], keepdims=1), _node("Add", ["s", "e"], ["c"])]
+    model = _model(nodes, [_vi("x", m), _vi("y", m), _vi("w", m), _vi("z", [1024, 256])], [_vi("c", m)], opset=17)
+    _check(model, tmp_path, 1835008)
+
