@@ -244,7 +244,16 @@ def infer_runtime_shapes(model: onnx.ModelProto, sizes: TensorSizes, *, max_cons
         if not outs or all(sizes.declared(o) for o in outs):
             continue
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        if domain == MS and node.op_type in RULES:
+        key = (domain, node.op_type)
+        if domain == "" and node.op_type in RULES and key not in schema_cache:
+            try:
+                schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)
+            except onnx.defs.SchemaError:
+                schema_cache[key] = None
+        # onnxruntime registers some of its ops in the default domain (LayerNormalization below
+        # opset 17, SimplifiedLayerNormalization): onnx has no schema for them there, the rules do.
+        by_rule = node.op_type in RULES and (domain == MS or (domain == "" and schema_cache.get(key) is None))
+        if by_rule:
             types, shapes = zip(*(known(t) for t in node.input)) if node.input else ((), ())
             try:
                 results = RULES[node.op_type](list(shapes), list(types), _attrs(node))
@@ -254,7 +263,6 @@ def infer_runtime_shapes(model: onnx.ModelProto, sizes: TensorSizes, *, max_cons
                 if r is not None and o and not sizes.declared(o) and add(o, r[0], r[1]):
                     report.by_rule += 1
         elif domain == "" and node.op_type != "Constant":
-            key = (domain, node.op_type)
             if key not in schema_cache:
                 try:
                     schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)

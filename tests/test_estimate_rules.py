@@ -146,3 +146,13 @@ def test_gemm_sum_fusion(tmp_path):
     model = _model(nodes, [_vi("x", m), _vi("y", m), _vi("w", m), _vi("z", [1024, 256])], [_vi("c", m)], opset=17)
     _check(model, tmp_path, 1835008)
 
+
+def test_layer_norm_statistics_below_opset_17(tmp_path):
+    # Below opset 17 LayerNormalization is onnxruntime's own op in the default domain; onnx knows
+    # no shapes for it, onnxruntime does: its mean and inverse std-dev ([64, 1] each) are planned.
+    nodes = [_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=-1),
+             _node("Mul", ["y", "mean"], ["y1"]), _node("Mul", ["y1", "inv"], ["c"])]
+    inits = [numpy_helper.from_array(np.ones(1024, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(1024, np.float32), "b")]
+    x = [64, 1024]
+    _check(_model(nodes, [_vi("x", x)], [_vi("c", x)], inits, opset=14), tmp_path, 2 * 262144 + 2 * 256)
