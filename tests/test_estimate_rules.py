@@ -156,3 +156,27 @@ def test_layer_norm_statistics_below_opset_17(tmp_path):
              numpy_helper.from_array(np.zeros(1024, np.float32), "b")]
     x = [64, 1024]
     _check(_model(nodes, [_vi("x", x)], [_vi("c", x)], inits, opset=14), tmp_path, 2 * 262144 + 2 * 256)
+
+
+def _transpose(x, y):
+    return _node("Transpose", [x], [y], perm=[0, 2, 1])
+
+
+def test_transposes_pushed_through_elementwise_ops_cancel(tmp_path):
+    # A normalization over a transposed sequence, twice (com.microsoft::Gelu stands in for the
+    # op that needs the other layout: no Transpose is pushed through it). onnxruntime's
+    # TransposeOptimizer pushes the second Transpose through Tanh, where it cancels the third:
+    # two Transposes fewer, two buffers instead of three.
+    nodes = [_transpose("x", "a"), _node("Gelu", ["a"], ["b"], domain="com.microsoft"), _transpose("b", "c"),
+             _node("Tanh", ["c"], ["d"]), _transpose("d", "e"), _node("Gelu", ["e"], ["g"], domain="com.microsoft"),
+             _transpose("g", "h"), _node("Tanh", ["h"], ["out"])]
+    shape = [4, 64, 96]  # 96 KiB of float
+    _check(_model(nodes, [_vi("x", shape)], [_vi("out", shape)]), tmp_path, 196608)
+
+
+def test_transpose_pushed_through_broadcast_op(tmp_path):
+    # Mul by a 1-D graph input: the pushed Transpose needs the input unsqueezed and transposed
+    # (two new small nodes) and cancels the Transpose after the Mul.
+    nodes = [_transpose("x", "a"), _node("Gelu", ["a"], ["b"], domain="com.microsoft"), _transpose("b", "c"),
+             _node("Mul", ["c", "w"], ["d"]), _transpose("d", "e"), _node("Gelu", ["e"], ["out"], domain="com.microsoft")]
+    _check(_model(nodes, [_vi("x", [4, 64, 96]), _vi("w", [96])], [_vi("out", [4, 96, 64])]), tmp_path, 197120)
