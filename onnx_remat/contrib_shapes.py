@@ -114,6 +114,13 @@ def _layernorm(shapes, types, attrs):
     return [(types[0], x), (stat_type, stat), (stat_type, stat)]
 
 
+def _layernorm_grad(shapes, types, attrs):
+    # (dY, X, scale, mean, inv_std_dev) -> (dX, dScale, dBias); the Simplified variant has no dBias
+    scale = shapes[2] if len(shapes) > 2 else None
+    scale_type = types[2] if len(types) > 2 else None
+    return [(types[0], shapes[0]), (scale_type, scale), (scale_type, scale)]
+
+
 def _bias_dropout(shapes, types, attrs):
     return [(types[0], shapes[0]), (_BOOL, shapes[0])]
 
@@ -137,6 +144,8 @@ RULES: dict[str, Rule] = {
     "RecordEvent": _record_event,
     "WaitEvent": _record_event,
     "LayerNormalization": _layernorm,
+    "LayerNormalizationGrad": _layernorm_grad,
+    "SimplifiedLayerNormalizationGrad": _layernorm_grad,
     "SimplifiedLayerNormalization": _layernorm,
     "BiasDropout": _bias_dropout,
     "BitmaskDropout": _bias_dropout,

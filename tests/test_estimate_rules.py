@@ -180,3 +180,17 @@ def test_transpose_pushed_through_broadcast_op(tmp_path):
     nodes = [_transpose("x", "a"), _node("Gelu", ["a"], ["b"], domain="com.microsoft"), _transpose("b", "c"),
              _node("Mul", ["c", "w"], ["d"]), _transpose("d", "e"), _node("Gelu", ["e"], ["out"], domain="com.microsoft")]
     _check(_model(nodes, [_vi("x", [4, 64, 96]), _vi("w", [96])], [_vi("out", [4, 96, 64])]), tmp_path, 197120)
+
+
+def test_layer_norm_gradient_parameter_gradients_are_planned(tmp_path):
+    # onnxruntime infers the shapes of LayerNormalizationGrad's scale and bias gradients (those of
+    # the scale): they are planned in the block (4 KiB each here), below n1.
+    inits = [numpy_helper.from_array(np.ones(1024, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(1024, np.float32), "b")]
+    nodes = [_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=-1),
+             _node("LayerNormalizationGrad", ["dy", "x", "g", "mean", "inv"], ["dx", "dg", "db"],
+                   domain="com.microsoft", axis=-1),
+             _node("Neg", ["dx"], ["n1"]), _node("Add", ["n1", "y"], ["n2"]), _node("Add", ["dg", "db"], ["s"]),
+             _node("Add", ["n2", "s"], ["c"])]
+    x = [64, 1024]
+    _check(_model(nodes, [_vi("x", x), _vi("dy", x)], [_vi("c", x)], inits), tmp_path, 799232)
