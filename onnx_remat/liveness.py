@@ -13,8 +13,8 @@ It follows onnxruntime 1.19 (``core/framework/allocation_planner.cc``, ``mem_pat
    aliases them (Reshape, Identity, PassThrough, ... see :mod:`onnx_remat.ort_kernels`) or may
    work in place on an input this node reads last with the same static shape; the buffer of a
    tensor freed earlier with exactly the same static shape and element size (most recently freed
-   first), unless no node reads the output; else a new buffer. Use counts decide when a buffer is free: it is free after its last
-   reader, or right after its producer when nothing reads it.
+   first), unless no node reads the output; else a new buffer. Use counts decide when a buffer
+   is free: it is free after its last reader, or right after its producer when nothing reads it.
 2. *Release plan.* A buffer is released after the last node (in the order) that reads any tensor
    sharing it. A buffer nobody reads is never released within the step.
 3. *Memory pattern.* Buffers whose size is statically known (shapes onnxruntime infers; see

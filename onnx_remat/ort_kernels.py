@@ -14,8 +14,9 @@ gives an output the buffer of one of its node's inputs in three cases, declared 
 
 The table below is read off the kernel registrations of onnxruntime 1.19 (CPU execution
 provider and the training kernels) for the ops training graphs use, and checked by measurement
-(:data:`MAY_INPLACE`); an op not listed shares nothing. Binary element-wise ops (Add, Mul, ...) and the gradient kernels (ReluGrad,
-SoftmaxGrad, DropoutGrad, ...) do not declare in-place reuse on CPU.
+(:data:`MAY_INPLACE`); an op not listed shares nothing. Binary element-wise ops (Add, Mul, ...)
+and the gradient kernels (ReluGrad, SoftmaxGrad, DropoutGrad, ...) do not declare in-place reuse
+on CPU.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ def _model(nodes, inputs, outputs, inits=(), opset=17):
                                                                   helper.make_opsetid("com.microsoft", 1)])
 
 
-def _measured(model, tmp_path, level=None) -> int:
+def _measured(model, tmp_path) -> int:
     from onnx_remat.runtime.measure import measure
 
     path = tmp_path / "model.onnx"
@@ -178,7 +178,8 @@ def test_transpose_pushed_through_broadcast_op(tmp_path):
     # Mul by a 1-D graph input: the pushed Transpose needs the input unsqueezed and transposed
     # (two new small nodes) and cancels the Transpose after the Mul.
     nodes = [_transpose("x", "a"), _node("Gelu", ["a"], ["b"], domain="com.microsoft"), _transpose("b", "c"),
-             _node("Mul", ["c", "w"], ["d"]), _transpose("d", "e"), _node("Gelu", ["e"], ["out"], domain="com.microsoft")]
+             _node("Mul", ["c", "w"], ["d"]), _transpose("d", "e"),
+             _node("Gelu", ["e"], ["out"], domain="com.microsoft")]
     _check(_model(nodes, [_vi("x", [4, 64, 96]), _vi("w", [96])], [_vi("out", [4, 96, 64])]), tmp_path, 197120)
 
 
