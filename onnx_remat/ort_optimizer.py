@@ -17,7 +17,7 @@ DEFAULT execution order:
   ``NoopElimination``, ``GemmSumFusion`` and ``GemmTransposeFusion`` (rules), ``ConstantSharing``
   (equal constant initializers of up to 8 elements become one), ``CommonSubexpressionElimination``,
   ``ConstantFolding`` (nodes whose inputs are all constant, and ``Shape`` of a statically shaped
-  tensor), and the ``TransposeOptimizer`` (Transposes pushed through element-wise, Softmax,
+  tensor, with the chain of nodes that fed only that Shape), and the ``TransposeOptimizer`` (Transposes pushed through element-wise, Softmax,
   Concat/Split, Reduce and (Un)Squeeze ops where that removes transposed dimensions, cancelling
   or merging with other Transposes; see :class:`_TransposeOptimizer`);
 * level 2, repeated until nothing changes: ``GemmTransposeFusion``, ``MatmulTransposeFusion``
@@ -572,7 +572,9 @@ def _constant_folding(rg: RuntimeGraph) -> bool:
                 continue
             start, end = node.attrs.get("start", 0), node.attrs.get("end", None)
             value = np.array(list(dims)[slice(start, end)], dtype=np.int64)
+            producer = rg.node_of(src)
             _fold(rg, node, [value])
+            _remove_dead_upstream(rg, producer)
             changed = True
             continue
         ins = [t for t in node.inputs if t]
@@ -582,6 +584,25 @@ def _constant_folding(rg: RuntimeGraph) -> bool:
         _fold(rg, node, values)
         changed = True
     return changed
+
+
+def _remove_dead_upstream(rg: RuntimeGraph, start: RuntimeNode | None) -> None:
+    """After folding a node, ConstantFolding removes the chain of nodes above it that fed only it
+    (``RemoveNodesWithOneOutputBottomUp``; measured: a chain Neg -> Relu -> Neg -> Shape goes
+    entirely, a producer whose output another node reads stays). Such chains appear in rewritten
+    graphs: a clone whose only reader is the Shape of a gradient builder."""
+    stack = [start] if start is not None else []
+    while stack:
+        node = stack.pop()
+        if rg.nodes[node.index] is None or rg.produces_graph_output(node):
+            continue
+        if any(rg.consumers.get(o) for o in node.outputs if o):
+            continue
+        rg.remove(node)
+        for t in node.inputs:
+            p = rg.node_of(t) if t else None
+            if p is not None:
+                stack.append(p)
 
 
 def _fold(rg: RuntimeGraph, node: RuntimeNode, values: list[np.ndarray | None]) -> None:

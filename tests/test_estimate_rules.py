@@ -195,3 +195,13 @@ def test_layer_norm_gradient_parameter_gradients_are_planned(tmp_path):
              _node("Add", ["n2", "s"], ["c"])]
     x = [64, 1024]
     _check(_model(nodes, [_vi("x", x), _vi("dy", x)], [_vi("c", x)], inits), tmp_path, 799232)
+
+
+def test_folded_shape_removes_the_chain_that_fed_it(tmp_path):
+    # Shape(b) of a static b is folded; the nodes computing b (read by nothing else) go with it:
+    # only the Sigmoid runs (one buffer, c0, plus the folded constant's small cast).
+    nodes = [_node("Neg", ["x"], ["a"]), _node("Relu", ["a"], ["b"]), _node("Neg", ["b"], ["b2"]),
+             _node("Shape", ["b2"], ["s"]), _node("ReduceSum", ["s"], ["r"], keepdims=0),
+             _node("Cast", ["r"], ["sf"], to=TensorProto.FLOAT), _node("Sigmoid", ["x"], ["c0"]),
+             _node("Mul", ["c0", "sf"], ["c"])]
+    _check(_model(nodes, [_vi("x", X)], [_vi("c", X)]), tmp_path, 262144)
