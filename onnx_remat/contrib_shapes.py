@@ -121,6 +121,22 @@ def _layernorm_grad(shapes, types, attrs):
     return [(types[0], shapes[0]), (scale_type, scale), (scale_type, scale)]
 
 
+def _concat_training(shapes, types, attrs):
+    # output 0: the inputs concatenated along ``axis``; output 1: each input's length there (int64)
+    n = len(shapes)
+    lengths = (TensorProto.INT64, (n,))
+    if n == 0 or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+        return [None, lengths]
+    rank = len(shapes[0])
+    axis = int(attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    along = [s[axis] for s in shapes]
+    if not 0 <= axis < rank or any(not isinstance(d, int) for d in along):
+        return [None, lengths]
+    out = tuple(shapes[0][:axis]) + (sum(along),) + tuple(shapes[0][axis + 1:])
+    return [(types[0], out), lengths]
+
+
 def _bias_dropout(shapes, types, attrs):
     return [(types[0], shapes[0]), (_BOOL, shapes[0])]
 
@@ -145,6 +161,7 @@ RULES: dict[str, Rule] = {
     "WaitEvent": _record_event,
     "LayerNormalization": _layernorm,
     "LayerNormalizationGrad": _layernorm_grad,
+    "ConcatTraining": _concat_training,
     "SimplifiedLayerNormalizationGrad": _layernorm_grad,
     "SimplifiedLayerNormalization": _layernorm,
     "BiasDropout": _bias_dropout,

@@ -205,3 +205,13 @@ def test_folded_shape_removes_the_chain_that_fed_it(tmp_path):
              _node("Cast", ["r"], ["sf"], to=TensorProto.FLOAT), _node("Sigmoid", ["x"], ["c0"]),
              _node("Mul", ["c0", "sf"], ["c"])]
     _check(_model(nodes, [_vi("x", X)], [_vi("c", X)]), tmp_path, 262144)
+
+
+def test_concat_training_lengths_are_planned(tmp_path):
+    # com.microsoft::ConcatTraining (onnxruntime's Concat with a second output: each input's length
+    # along the axis, int64): onnxruntime knows both shapes; the lengths take 256 bytes of the block.
+    nodes = [_node("Neg", ["x"], ["a"]), _node("Neg", ["y"], ["b"]),
+             _node("ConcatTraining", ["a", "b"], ["z", "lengths"], domain="com.microsoft", axis=1),
+             _node("Neg", ["z"], ["c"])]
+    x = [64, 512]
+    _check(_model(nodes, [_vi("x", x), _vi("y", x)], [_vi("c", [64, 1024])]), tmp_path, 524288 + 256)
