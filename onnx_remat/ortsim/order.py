@@ -10,7 +10,8 @@ indices of the nodes that produce its inputs. Output: the node indices in execut
   walk from the top of the stack emits each node after all its producers, visiting the producer
   with the *highest* index first. So the last leaf in the node list and its whole upstream cone
   run first; a node inserted right before its first consumer runs just in time, and one appended
-  at the end of the list runs as soon as its inputs exist.
+  at the end of the list runs as soon as its inputs exist. Then (training builds) every ``Shape``
+  and ``Size`` node is moved right after the producer of its input.
 * :func:`priority_order` is ``ExecutionOrder::PRIORITY_BASED`` (``KahnsTopologicalSort`` with
   ``PriorityNodeCompare``): ready nodes run lowest index first, ``Shape`` and ``Size`` before all.
 * :func:`order_from_names` maps an execution order observed at run time (node names from a
@@ -28,11 +29,16 @@ from collections.abc import Sequence
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 
 
-def default_order(indices: Sequence[int], producers: dict[int, Sequence[int]], has_consumer: set[int]) -> list[int]:
+def default_order(indices: Sequence[int], producers: dict[int, Sequence[int]], has_consumer: set[int],
+                  follow_parent: dict[int, int] | None = None) -> list[int]:
     """onnxruntime's DEFAULT execution order.
 
     ``indices``: the live node indices, ascending; ``producers[i]``: indices of the nodes whose
-    outputs node ``i`` reads; ``has_consumer``: the nodes some other node reads from.
+    outputs node ``i`` reads; ``has_consumer``: the nodes some other node reads from;
+    ``follow_parent[i] = p``: node ``i`` (a ``Shape`` or ``Size``) runs right after node ``p``,
+    the producer of its input. The training build's ``GraphViewer`` moves them there after the
+    walk (``ENABLE_TRAINING`` in ``core/graph/graph_viewer.cc``), so that a forward tensor the
+    backward pass only measures is freed early; in node-index order when one parent has several.
     """
     size = (max(indices) + 1) if indices else 0
     visited = bytearray(size)
@@ -56,7 +62,22 @@ def default_order(indices: Sequence[int], producers: dict[int, Sequence[int]], h
             for p in ps:
                 if not visited[p]:
                     push(p)
-    return order
+    if not follow_parent:
+        return order
+    followers: dict[int, list[int]] = {}
+    for child in sorted(follow_parent):
+        followers.setdefault(follow_parent[child], []).append(child)
+    moved: list[int] = []
+    placed = bytearray(size)
+    for node in order:
+        if placed[node]:
+            continue
+        moved.append(node)
+        placed[node] = 1
+        for child in followers.get(node, ()):
+            moved.append(child)
+            placed[child] = 1
+    return moved
 
 
 def priority_order(indices: Sequence[int], producers: dict[int, Sequence[int]], ops: dict[int, str]) -> list[int]:

@@ -13,8 +13,8 @@ It follows onnxruntime 1.19 (``core/framework/allocation_planner.cc``, ``mem_pat
    aliases them (Reshape, Identity, PassThrough, ... see :mod:`onnx_remat.ortsim.kernels`) or may
    work in place on an input this node reads last with the same static shape; the buffer of a
    tensor freed earlier with exactly the same static shape and element size (most recently freed
-   first); else a new buffer. Use counts decide when a buffer is free: it is free after its last
-   reader, or right after its producer when nothing reads it.
+   first), unless no node reads the output; else a new buffer. Use counts decide when a buffer
+   is free: it is free after its last reader, or right after its producer when nothing reads it.
 2. *Release plan.* A buffer is released after the last node (in the order) that reads any tensor
    sharing it. A buffer nobody reads is never released within the step.
 3. *Memory pattern.* Buffers whose size is statically known (shapes onnxruntime infers; see
@@ -225,7 +225,10 @@ def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
                     if x and use.get(buffer_of(x), 0) == 1 and same_shape:
                         src, kind = x, "inplace"
                         break
-            if src is None:
+            if src is None and use.get(o, 0) > 1:
+                # An output nothing reads never takes a freed buffer: onnxruntime 1.19's planner
+                # allocates it anew (microsoft/onnxruntime#21019: its buffer would be released before
+                # it is written). It still may work in place or alias, and others may reuse it.
                 key = shape_key(o)
                 stack = free_by_shape.get(key) if key is not None and len(key[1]) > 0 else None
                 if stack:  # the most recently freed buffer of this exact shape

@@ -114,6 +114,29 @@ def _layernorm(shapes, types, attrs):
     return [(types[0], x), (stat_type, stat), (stat_type, stat)]
 
 
+def _layernorm_grad(shapes, types, attrs):
+    # (dY, X, scale, mean, inv_std_dev) -> (dX, dScale, dBias); the Simplified variant has no dBias
+    scale = shapes[2] if len(shapes) > 2 else None
+    scale_type = types[2] if len(types) > 2 else None
+    return [(types[0], shapes[0]), (scale_type, scale), (scale_type, scale)]
+
+
+def _concat_training(shapes, types, attrs):
+    # output 0: the inputs concatenated along ``axis``; output 1: each input's length there (int64)
+    n = len(shapes)
+    lengths = (TensorProto.INT64, (n,))
+    if n == 0 or any(s is None for s in shapes) or len({len(s) for s in shapes}) != 1:
+        return [None, lengths]
+    rank = len(shapes[0])
+    axis = int(attrs.get("axis", 0))
+    axis = axis + rank if axis < 0 else axis
+    along = [s[axis] for s in shapes]
+    if not 0 <= axis < rank or any(not isinstance(d, int) for d in along):
+        return [None, lengths]
+    out = tuple(shapes[0][:axis]) + (sum(along),) + tuple(shapes[0][axis + 1:])
+    return [(types[0], out), lengths]
+
+
 def _bias_dropout(shapes, types, attrs):
     return [(types[0], shapes[0]), (_BOOL, shapes[0])]
 
@@ -137,6 +160,9 @@ RULES: dict[str, Rule] = {
     "RecordEvent": _record_event,
     "WaitEvent": _record_event,
     "LayerNormalization": _layernorm,
+    "LayerNormalizationGrad": _layernorm_grad,
+    "ConcatTraining": _concat_training,
+    "SimplifiedLayerNormalizationGrad": _layernorm_grad,
     "SimplifiedLayerNormalization": _layernorm,
     "BiasDropout": _bias_dropout,
     "BitmaskDropout": _bias_dropout,
@@ -151,7 +177,7 @@ for _op in (
     "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasSoftmax", "DropoutGrad", "BiasDropoutGrad",
     "ReluGrad", "SigmoidGrad", "TanhGrad", "QuickGeluGrad", "GeluGrad", "FastGeluGrad", "BiasGeluGrad_dX",
     "BiasFastGeluGrad_dX", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13",
-    "LeakyReluGrad", "SinGrad", "ReciprocalGrad", "SqrtGrad", "BitmaskDropoutGrad",
+    "LeakyReluGrad", "SinGrad", "ReciprocalGrad", "SqrtGrad", "BitmaskDropoutGrad", "Scale",
 ):
     RULES.setdefault(_op, _same_as(0))
 
@@ -246,7 +272,16 @@ def infer_runtime_shapes(
         if not outs or all(sizes.declared(o) for o in outs):
             continue
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
-        if domain == MS and node.op_type in RULES:
+        key = (domain, node.op_type)
+        if domain == "" and node.op_type in RULES and key not in schema_cache:
+            try:
+                schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)
+            except onnx.defs.SchemaError:
+                schema_cache[key] = None
+        # onnxruntime registers some of its ops in the default domain (LayerNormalization below
+        # opset 17, SimplifiedLayerNormalization): onnx has no schema for them there, the rules do.
+        by_rule = node.op_type in RULES and (domain == MS or (domain == "" and schema_cache.get(key) is None))
+        if by_rule:
             types, shapes = zip(*(known(t) for t in node.input)) if node.input else ((), ())
             try:
                 results = RULES[node.op_type](list(shapes), list(types), _attrs(node))
@@ -256,7 +291,6 @@ def infer_runtime_shapes(
                 if r is not None and o and not sizes.declared(o) and add(o, r[0], r[1]):
                     report.by_rule += 1
         elif domain == "" and node.op_type != "Constant":
-            key = (domain, node.op_type)
             if key not in schema_cache:
                 try:
                     schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)
