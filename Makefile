@@ -22,4 +22,5 @@ test-all:
 
 lint:
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

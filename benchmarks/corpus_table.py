@@ -82,7 +82,8 @@ def table(rows: list[dict]) -> str:
         ratio = r["planned_after"] / r["planned_before"] if r["planned_before"] else None
         exporter = "TorchScript" if r["exporter"] == "torchscript" else "dynamo"
         lines.append(
-            f"| {r['architecture']} | {exporter} {r['opset']} | {r['nodes']:,} | {r['segments']} × `{r['block_scope']}` "
+            f"| {r['architecture']} | {exporter} {r['opset']} | {r['nodes']:,} "
+            f"| {r['segments']} × `{r['block_scope']}` "
             f"| {_mib(r['planned_before'])} → {_mib(r['planned_after'])} MiB | x{ratio:.2f} "
             f"| {_mib(r['estimate_before'])} → {_mib(r['estimate_after'])} MiB "
             f"| {'bit-identical' if r['equal'] else 'DIFFERENT'} |"
@@ -103,14 +104,18 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in names:
         row = measure_one(name, args.cache)
-        print(f"{name}: {_mib(row['planned_before'])} -> {_mib(row['planned_after'])} MiB, equal={row['equal']}",
-              file=sys.stderr, flush=True)
+        print(
+            f"{name}: {_mib(row['planned_before'])} -> {_mib(row['planned_after'])} MiB, equal={row['equal']}",
+            file=sys.stderr,
+            flush=True,
+        )
         rows.append(row)
     text = table(rows)
     stamp = time.strftime("%Y-%m-%d")
     header = (
         f"# Corpus: per-layer recompute, measured\n\nRecorded {stamp} on {platform.machine()} "
-        f"({platform.processor() or 'cpu'}), onnxruntime-training 1.19.2 (CPU), by `python -m benchmarks.corpus_table`.\n\n"
+        f"({platform.processor() or 'cpu'}), onnxruntime-training 1.19.2 (CPU), "
+        "by `python -m benchmarks.corpus_table`.\n\n"
     )
     from onnx_remat.model_io import write_file
 

@@ -26,7 +26,8 @@ from pathlib import Path
 def _phases(path: Path) -> dict[str, float]:
     from onnx_remat.analysis.model import analyze_model
     from onnx_remat.estimate import _regions, _scope_of_tensor, _scope_rows, estimate_graph
-    from onnx_remat.ortsim.optimizer import optimize, runtime_graph
+    from onnx_remat.ortsim.graph import runtime_graph
+    from onnx_remat.ortsim.optimizer import optimize
     from onnx_remat.ortsim.planner import plan_memory
     from onnx_remat.ortsim.shapes import infer_runtime_shapes
 

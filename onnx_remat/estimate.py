@@ -64,7 +64,8 @@ from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import is_gradient_node_name
-from onnx_remat.ortsim.optimizer import RuntimeGraph, optimize, runtime_graph
+from onnx_remat.ortsim.graph import RuntimeGraph, runtime_graph
+from onnx_remat.ortsim.optimizer import optimize
 from onnx_remat.ortsim.order import order_from_names
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.ortsim.shapes import infer_runtime_shapes
@@ -97,8 +98,13 @@ class LiveTensor:
     scope: str | None
 
     def to_json(self) -> dict:
-        return {"tensor": self.tensor, "bytes": self.bytes, "producer": self.producer, "region": self.region,
-                "scope": self.scope}
+        return {
+            "tensor": self.tensor,
+            "bytes": self.bytes,
+            "producer": self.producer,
+            "region": self.region,
+            "scope": self.scope,
+        }
 
 
 @dataclass
@@ -180,9 +186,15 @@ class ScopeMemory:
     live_at_peak_bytes: int
 
     def to_json(self) -> dict:
-        return {"path": self.path, "class": self.class_name, "depth": self.depth, "stored_bytes": self.stored_bytes,
-                "stored_unknown": self.stored_unknown, "releasable_bytes": self.releasable_bytes,
-                "live_at_peak_bytes": self.live_at_peak_bytes}
+        return {
+            "path": self.path,
+            "class": self.class_name,
+            "depth": self.depth,
+            "stored_bytes": self.stored_bytes,
+            "stored_unknown": self.stored_unknown,
+            "releasable_bytes": self.releasable_bytes,
+            "live_at_peak_bytes": self.live_at_peak_bytes,
+        }
 
 
 @dataclass
@@ -255,8 +267,9 @@ def estimate_graph(
     if execution_order is not None:
         live = rg.live()
         producers = {n.index: rg.producers_of(n) for n in live}
-        order, matched = order_from_names([n.index for n in live], producers, {n.index: n.name for n in live},
-                                          list(execution_order))
+        order, matched = order_from_names(
+            [n.index for n in live], producers, {n.index: n.name for n in live}, list(execution_order)
+        )
         source = f"given order ({matched} of {len(live)} nodes matched by name)"
     else:
         order = rg.default_order()
@@ -265,15 +278,15 @@ def estimate_graph(
     node_region = {}
     steps: list[Step] = []
     for k, i in enumerate(order):
-        n = rg.nodes[i]
+        n = rg.at(i)
         region = _region_of(n.origin, regions)
         node_region[n.index] = region
         steps.append(Step(n.name, n.op, region, plan.live_bytes[k], plan.block_bytes[k], plan.dynamic_bytes[k]))
     peak = plan.block_peak_step
-    live = []
+    at_peak: list[LiveTensor] = []
     for t in plan.live_at(peak):
         prod = rg.node_of(t.name)
-        live.append(
+        at_peak.append(
             LiveTensor(
                 tensor=t.name,
                 bytes=t.nbytes or 0,
@@ -288,13 +301,13 @@ def estimate_graph(
         peak_live_bytes=plan.peak_live_bytes,
         peak_step=peak,
         steps=steps,
-        live_at_peak=live,
+        live_at_peak=at_peak,
         outside_block=outside,
         unknown=list(plan.unknown),
         order_source=source,
         runtime_rewrites=dict(rg.rewrites),
         matched_order_nodes=matched,
-        order_names=[name for i in order for name in rg.nodes[i].origin],  # type: ignore[union-attr]
+        order_names=[name for i in order for name in rg.at(i).origin],
     )
     return est, plan, rg
 
@@ -450,16 +463,21 @@ def estimate(
     defaults = runtime_optimizations
     before = applied.estimate_before if applied is not None and defaults and execution_order is None else None
     if before is None:
-        before = estimate_original(analysis, execution_order=execution_order,
-                                   runtime_optimizations=runtime_optimizations)
+        before = estimate_original(
+            analysis, execution_order=execution_order, runtime_optimizations=runtime_optimizations
+        )
     result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
     if scope_table:
         result.scopes = _scope_rows(analysis, before)
     if applied is not None:
         after = applied.estimate_after if defaults and after_execution_order is None else None
         if after is None:
-            after = estimate_rewritten(analysis, applied.model, execution_order=after_execution_order,
-                                       runtime_optimizations=runtime_optimizations)
+            after = estimate_rewritten(
+                analysis,
+                applied.model,
+                execution_order=after_execution_order,
+                runtime_optimizations=runtime_optimizations,
+            )
         _attach(result, applied, after)
     _add_notes(result)
     return result

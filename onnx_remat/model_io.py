@@ -110,8 +110,6 @@ def _uses_external_data(model: onnx.ModelProto) -> bool:
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in onnx.external_data_helper._get_all_tensors(model))
 
 
-
-
 def _refuse_overwrite(out: Path, inputs: tuple[Path, ...], force: bool) -> None:
     for src in inputs:
         if src is not None and out.exists() and _same_path(out, src) and not force:

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from benchmarks.fuzz import FAILURES, draw_model, run_model  # noqa: E402
+from benchmarks.fuzz import FAILURES, draw_model, run_model
 
 SEEDS = [0, 1, 2, 4]  # sequence and image families, TorchScript at opsets 14, 16, 17 and dynamo
 

@@ -29,6 +29,23 @@ ACCUMULATOR_OPS = frozenset({"InPlaceAccumulatorV2", "InPlaceAccumulator", "Zero
 BUFFER_SUFFIX = "_grad.accumulation.buffer"
 RESET_FLAG = "lazy_reset_grad"
 
+# Ops that draw random numbers: re-running one draws new values (remat/random_ops.py says how a
+# recompute replays them; onnxruntime's CSE and constant folding never merge or fold them).
+RANDOM_OPS = frozenset(
+    {
+        "RandomNormal",
+        "RandomNormalLike",
+        "RandomUniform",
+        "RandomUniformLike",
+        "Bernoulli",
+        "Multinomial",
+        "Dropout",
+        "BitmaskDropout",
+        "BiasDropout",
+        "BitmaskBiasDropout",
+    }
+)
+
 _GRAD_TENSOR = re.compile(r"^(?P<base>.+)_grad(?:_\d+)?$")
 
 

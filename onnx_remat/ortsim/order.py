@@ -23,14 +23,19 @@ All three are iterative, O((nodes + edges) log nodes).
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from onnx_remat.graph.toposort import ready_order
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 
 
-def default_order(indices: Sequence[int], producers: dict[int, Sequence[int]], has_consumer: set[int],
-                  follow_parent: dict[int, int] | None = None) -> list[int]:
+def default_order(
+    indices: Sequence[int],
+    producers: Mapping[int, Sequence[int]],
+    has_consumer: set[int],
+    follow_parent: dict[int, int] | None = None,
+) -> list[int]:
     """onnxruntime's DEFAULT execution order.
 
     ``indices``: the live node indices, ascending; ``producers[i]``: indices of the nodes whose
@@ -80,7 +85,7 @@ def default_order(indices: Sequence[int], producers: dict[int, Sequence[int]], h
     return moved
 
 
-def priority_order(indices: Sequence[int], producers: dict[int, Sequence[int]], ops: dict[int, str]) -> list[int]:
+def priority_order(indices: Sequence[int], producers: Mapping[int, Sequence[int]], ops: dict[int, str]) -> list[int]:
     """onnxruntime's PRIORITY_BASED execution order (all node priorities 0, all nodes forward)."""
     consumers: dict[int, list[int]] = {i: [] for i in indices}
     in_degree: dict[int, int] = {}
@@ -89,12 +94,12 @@ def priority_order(indices: Sequence[int], producers: dict[int, Sequence[int]], 
         in_degree[i] = len(ps)  # one per input edge, as Node::GetInputEdgesCount counts
         for p in ps:
             consumers[p].append(i)
-    return _ready_order(indices, consumers, in_degree, lambda i: 0 if ops.get(i) in HIGH_PRIORITY_OPS else 1)
+    return ready_order(indices, consumers, in_degree, lambda i: 0 if ops.get(i) in HIGH_PRIORITY_OPS else 1)
 
 
 def order_from_names(
     indices: Sequence[int],
-    producers: dict[int, Sequence[int]],
+    producers: Mapping[int, Sequence[int]],
     names: dict[int, str],
     observed: Sequence[str],
 ) -> tuple[list[int], int]:
@@ -125,19 +130,4 @@ def order_from_names(
             below = [key[c] for c in consumers[node]]
             key[node] = (min(below) - 0.5) if below else big
     in_degree = {i: len(set(producers.get(i, ()))) for i in indices}
-    return _ready_order(indices, consumers, in_degree, key.__getitem__), matched
-
-
-def _ready_order(indices, consumers, in_degree: dict, priority) -> list[int]:
-    """Kahn's walk: among ready nodes the lowest ``(priority(i), i)`` runs first. Consumes ``in_degree``."""
-    ready = [(priority(i), i) for i in indices if in_degree[i] == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, node = heapq.heappop(ready)
-        order.append(node)
-        for c in consumers[node]:
-            in_degree[c] -= 1
-            if in_degree[c] == 0:
-                heapq.heappush(ready, (priority(c), c))
-    return order
+    return ready_order(indices, consumers, in_degree, key.__getitem__), matched

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from onnx_remat.analysis.sizes import dtype_size
+from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
-from onnx_remat.ortsim.optimizer import RuntimeGraph
 
 ALIGNMENT = 256
 
@@ -88,8 +88,13 @@ class MemoryPlan:
                     holders[t.buffer] = (t.alloc_step, t)
         out = []
         for t in self.tensors.values():
-            if (t.planned and t.kind == "allocate" and t.alloc_step is not None and t.alloc_step <= step
-                    and (t.release_step is None or t.release_step >= step)):
+            if (
+                t.planned
+                and t.kind == "allocate"
+                and t.alloc_step is not None
+                and t.alloc_step <= step
+                and (t.release_step is None or t.release_step >= step)
+            ):
                 out.append((t, holders.get(t.name, (0, t))[1]))
         out.sort(key=lambda pair: -(pair[0].nbytes or 0))
         return [holder if holder.nbytes is not None else buf for buf, holder in out]
@@ -155,58 +160,66 @@ class _Block:
 
 def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
     """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``."""
-    sizes = rg.sizes
-    nodes = [rg.nodes[i] for i in order]
-    graph_inputs = set(rg.graph_inputs)
-    graph_outputs = set(rg.graph_outputs)
+    nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
+    tensors = _reuse_plan(rg, nodes)
+    release_at = _release_plan(nodes, tensors)
+    return _memory_pattern(rg, nodes, list(order), tensors, release_at)
 
-    # -- use counts (ComputeReuseCount) --
+
+def _use_counts(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> dict[str, int]:
+    """``ComputeReuseCount``: one use per graph input, initializer, reader, producer and graph output."""
     use: dict[str, int] = {}
-    for t in graph_inputs:
+    every = [*rg.graph_inputs, *rg.initializers, *rg.graph_outputs]
+    every += [t for n in nodes for t in (*n.inputs, *n.outputs) if t]
+    for t in every:
         use[t] = use.get(t, 0) + 1
-    for t in rg.initializers:
-        use[t] = use.get(t, 0) + 1
-    for n in nodes:
-        for t in n.inputs:
-            if t:
-                use[t] = use.get(t, 0) + 1
-        for t in n.outputs:
-            if t:
-                use[t] = use.get(t, 0) + 1
-    for t in graph_outputs:
-        use[t] = use.get(t, 0) + 1
+    return use
 
-    tensors: dict[str, TensorPlan] = {}
-    for t in graph_inputs:
-        tensors[t] = TensorPlan(t, "input", t, sizes.nbytes(t))
+
+class _ShapeKeys:
+    """The (element size, static shape) a buffer is reused by, and the freed buffers per key."""
+
+    def __init__(self, sizes) -> None:
+        self.sizes = sizes
+        self.free: dict[tuple, list[tuple[int, str]]] = {}
+        self.seq = 0
+
+    def key(self, t: str) -> tuple | None:
+        if not self.sizes.declared(t):
+            return None
+        dims = self.sizes.raw_dims(t)
+        et = self.sizes.elem_type(t)
+        if dims is None or not et:
+            return None
+        return (dtype_size(et), tuple(dims))
+
+    def push(self, buf: str) -> None:
+        self.seq += 1
+        key = self.key(buf)
+        if key is not None and len(key[1]) > 0:
+            self.free.setdefault(key, []).append((self.seq, buf))
+
+    def pop(self, t: str) -> str | None:
+        """The most recently freed buffer of ``t``'s exact shape, if any."""
+        key = self.key(t)
+        stack = self.free.get(key) if key is not None and len(key[1]) > 0 else None
+        return stack.pop()[1] if stack else None
+
+
+def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> dict[str, TensorPlan]:
+    """``ComputeSingleStreamReusePlan``: where each tensor lives (module docstring, step 1)."""
+    sizes = rg.sizes
+    graph_outputs = set(rg.graph_outputs)
+    use = _use_counts(rg, nodes)
+    tensors: dict[str, TensorPlan] = {t: TensorPlan(t, "input", t, sizes.nbytes(t)) for t in rg.graph_inputs}
     for t in rg.initializers:
-        if t not in tensors:
-            tensors[t] = TensorPlan(t, "initializer", t, sizes.nbytes(t))
+        tensors.setdefault(t, TensorPlan(t, "initializer", t, sizes.nbytes(t)))
+    keys = _ShapeKeys(sizes)
 
     def buffer_of(t: str) -> str:
         p = tensors.get(t)
         return p.buffer if p is not None else t
 
-    def shape_key(t: str):
-        if not sizes.declared(t):
-            return None
-        dims = sizes.raw_dims(t)
-        et = sizes.elem_type(t)
-        if dims is None or not et:
-            return None
-        return (dtype_size(et), tuple(dims))
-
-    free_by_shape: dict[tuple, list[tuple[int, str]]] = {}
-    free_seq = 0
-
-    def push_free(buf: str) -> None:
-        nonlocal free_seq
-        free_seq += 1
-        key = shape_key(buf)
-        if key is not None and len(key[1]) > 0:
-            free_by_shape.setdefault(key, []).append((free_seq, buf))
-
-    # -- reuse plan (ComputeSingleStreamReusePlan) --
     for step, n in enumerate(nodes):
         for k, o in enumerate(n.outputs):
             if not o:
@@ -214,14 +227,14 @@ def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
             if o in graph_outputs:
                 tensors[o] = TensorPlan(o, "output", o, sizes.nbytes(o), alloc_step=step)
                 continue
-            src = None
+            src, kind = None, "allocate"
             a = alias_input(n.domain, n.op, k, len(n.inputs))
             if a is not None and n.inputs[a]:
                 src, kind = n.inputs[a], "alias"
             else:
                 for a in inplace_inputs(n.domain, n.op, k, len(n.inputs)):
                     x = n.inputs[a]
-                    same_shape = shape_key(x) is not None and shape_key(x) == shape_key(o)
+                    same_shape = keys.key(x) is not None and keys.key(x) == keys.key(o)
                     if x and use.get(buffer_of(x), 0) == 1 and same_shape:
                         src, kind = x, "inplace"
                         break
@@ -229,44 +242,49 @@ def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
                 # An output nothing reads never takes a freed buffer: onnxruntime 1.19's planner
                 # allocates it anew (microsoft/onnxruntime#21019: its buffer would be released before
                 # it is written). It still may work in place or alias, and others may reuse it.
-                key = shape_key(o)
-                stack = free_by_shape.get(key) if key is not None and len(key[1]) > 0 else None
-                if stack:  # the most recently freed buffer of this exact shape
-                    src, kind = stack.pop()[1], "reuse"
+                src = keys.pop(o)
+                kind = "reuse" if src is not None else kind
             if src is not None:
                 buf = buffer_of(src)
                 tensors[o] = TensorPlan(o, kind, buf, sizes.nbytes(o), alloc_step=step)
                 use[buf] = use.get(buf, 0) + use.get(o, 0)
             else:
                 tensors[o] = TensorPlan(o, "allocate", o, sizes.nbytes(o), alloc_step=step)
-        for t in n.inputs:
+        for t in (*n.inputs, *n.outputs):
             if t:
                 buf = buffer_of(t)
                 use[buf] = use.get(buf, 0) - 1
                 if use[buf] == 0:
-                    push_free(buf)
-        for t in n.outputs:
-            if t:
-                buf = buffer_of(t)
-                use[buf] = use.get(buf, 0) - 1
-                if use[buf] == 0:
-                    push_free(buf)
+                    keys.push(buf)
+    return tensors
 
-    # -- release plan (GenerateDeallocationPlan): last reader of any tensor sharing the buffer --
-    release_at: dict[int, list[str]] = {}
+
+def _release_plan(nodes: list[RuntimeNode], tensors: dict[str, TensorPlan]) -> dict[int, list[str]]:
+    """``GenerateDeallocationPlan``: a buffer is released after the last reader of any tensor sharing
+    it; returns step -> buffers released there (and sets each buffer's ``release_step``)."""
     last_reader: dict[str, int] = {}
     for step, n in enumerate(nodes):
         for t in n.inputs:
-            if t:
-                buf = buffer_of(t)
-                p = tensors.get(buf)
-                if p is not None and p.kind == "allocate":
-                    last_reader[buf] = step
-    for buf, step in last_reader.items():
-        tensors[buf].release_step = step
-        release_at.setdefault(step, []).append(buf)
+            p = tensors.get(t) if t else None
+            buf = tensors.get(p.buffer) if p is not None else None
+            if buf is not None and buf.kind == "allocate":
+                last_reader[buf.name] = step
+    release_at: dict[int, list[str]] = {}
+    for name, step in last_reader.items():
+        tensors[name].release_step = step
+        release_at.setdefault(step, []).append(name)
+    return release_at
 
-    # -- memory pattern (MemPatternPlanner with program counters) --
+
+def _memory_pattern(
+    rg: RuntimeGraph,
+    nodes: list[RuntimeNode],
+    order: list[int],
+    tensors: dict[str, TensorPlan],
+    release_at: dict[int, list[str]],
+) -> MemoryPlan:
+    """``MemPatternPlanner`` with program counters: place each statically sized buffer in one block."""
+    sizes = rg.sizes
     block = _Block()
     live_bytes: list[int] = []
     block_bytes: list[int] = []
@@ -309,7 +327,7 @@ def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
                 block.free(p.offset)
         dyn_live -= dyn_release.pop(step, 0)
     return MemoryPlan(
-        order=list(order),
+        order=order,
         live_bytes=live_bytes,
         block_bytes=block_bytes,
         dynamic_bytes=dynamic_bytes,

@@ -148,5 +148,3 @@ def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: in
         onnx.checker.check_model(skeleton)
     except onnx.checker.ValidationError as exc:
         raise RematError(f"{where}: invalid ONNX model: {one_line(exc)}") from None
-
-

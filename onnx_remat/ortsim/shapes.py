@@ -28,6 +28,8 @@ from onnx import TensorProto, helper
 
 from onnx_remat.analysis.sizes import Dim, TensorSizes
 from onnx_remat.graph.conventions import MS_DOMAIN as MS
+from onnx_remat.graph.toposort import index_order
+from onnx_remat.ortsim.graph import node_attrs
 
 Shape = tuple[Dim, ...]
 # A rule gets (input shapes, input element types, attributes) and returns per output
@@ -84,11 +86,13 @@ def _fused_matmul(shapes, types, attrs):
 def _batchnorm_internal(shapes, types, attrs):
     x, scale, mean = shapes[0], shapes[1], shapes[3] if len(shapes) > 3 else None
     stat = scale if scale is not None else mean
-    return [(types[0], x), (types[3] if len(types) > 3 else types[0], mean or stat),
-            (types[4] if len(types) > 4 else types[0], mean or stat), (types[1], stat), (types[1], stat)]
-
-
-
+    return [
+        (types[0], x),
+        (types[3] if len(types) > 3 else types[0], mean or stat),
+        (types[4] if len(types) > 4 else types[0], mean or stat),
+        (types[1], stat),
+        (types[1], stat),
+    ]
 
 
 def _accumulator_v2(shapes, types, attrs):
@@ -133,7 +137,7 @@ def _concat_training(shapes, types, attrs):
     along = [s[axis] for s in shapes]
     if not 0 <= axis < rank or any(not isinstance(d, int) for d in along):
         return [None, lengths]
-    out = tuple(shapes[0][:axis]) + (sum(along),) + tuple(shapes[0][axis + 1:])
+    out = tuple(shapes[0][:axis]) + (sum(along),) + tuple(shapes[0][axis + 1 :])
     return [(types[0], out), lengths]
 
 
@@ -174,10 +178,31 @@ RULES: dict[str, Rule] = {
 }
 # Element-wise ops and gradients whose output 0 has the shape of input 0 (dY or X).
 for _op in (
-    "Gelu", "FastGelu", "BiasGelu", "QuickGelu", "BiasSoftmax", "DropoutGrad", "BiasDropoutGrad",
-    "ReluGrad", "SigmoidGrad", "TanhGrad", "QuickGeluGrad", "GeluGrad", "FastGeluGrad", "BiasGeluGrad_dX",
-    "BiasFastGeluGrad_dX", "SoftmaxGrad", "SoftmaxGrad_13", "LogSoftmaxGrad", "LogSoftmaxGrad_13",
-    "LeakyReluGrad", "SinGrad", "ReciprocalGrad", "SqrtGrad", "BitmaskDropoutGrad", "Scale",
+    "Gelu",
+    "FastGelu",
+    "BiasGelu",
+    "QuickGelu",
+    "BiasSoftmax",
+    "DropoutGrad",
+    "BiasDropoutGrad",
+    "ReluGrad",
+    "SigmoidGrad",
+    "TanhGrad",
+    "QuickGeluGrad",
+    "GeluGrad",
+    "FastGeluGrad",
+    "BiasGeluGrad_dX",
+    "BiasFastGeluGrad_dX",
+    "SoftmaxGrad",
+    "SoftmaxGrad_13",
+    "LogSoftmaxGrad",
+    "LogSoftmaxGrad_13",
+    "LeakyReluGrad",
+    "SinGrad",
+    "ReciprocalGrad",
+    "SqrtGrad",
+    "BitmaskDropoutGrad",
+    "Scale",
 ):
     RULES.setdefault(_op, _same_as(0))
 
@@ -194,38 +219,6 @@ class RuntimeShapeReport:
 
 def _type_proto(elem_type: int, dims: Sequence[Dim]) -> onnx.TypeProto:
     return helper.make_tensor_type_proto(elem_type, [d if isinstance(d, (int, str)) else None for d in dims])
-
-
-def _attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
-
-
-def _topological(nodes: Sequence[onnx.NodeProto]) -> list[int]:
-    """Indices of ``nodes`` in a topological order (the given order where valid; Kahn, linear)."""
-    producer: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        for o in n.output:
-            if o:
-                producer[o] = i
-    waiting = [0] * len(nodes)
-    dependents: list[list[int]] = [[] for _ in nodes]
-    for i, n in enumerate(nodes):
-        deps = {producer[t] for t in n.input if t in producer}
-        deps.discard(i)
-        waiting[i] = len(deps)
-        for d in deps:
-            dependents[d].append(i)
-    ready = [i for i in range(len(nodes)) if waiting[i] == 0]
-    ready.reverse()
-    order: list[int] = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for j in reversed(dependents[i]):
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                ready.append(j)
-    return order
 
 
 def infer_runtime_shapes(
@@ -266,7 +259,7 @@ def infer_runtime_shapes(
         report.added += 1
         return True
 
-    for i in _topological(nodes):
+    for i in index_order([n.input for n in nodes], [n.output for n in nodes]):
         node = nodes[i]
         outs = [o for o in node.output if o]
         if not outs or all(sizes.declared(o) for o in outs):
@@ -284,7 +277,7 @@ def infer_runtime_shapes(
         if by_rule:
             types, shapes = zip(*(known(t) for t in node.input)) if node.input else ((), ())
             try:
-                results = RULES[node.op_type](list(shapes), list(types), _attrs(node))
+                results = RULES[node.op_type](list(shapes), list(types), node_attrs(node))
             except (IndexError, KeyError, TypeError, ValueError):
                 results = []
             for o, r in zip(node.output, results):
@@ -307,11 +300,14 @@ def infer_runtime_shapes(
                     complete = False
                     break
                 input_types[t] = _type_proto(et, dims) if dims is not None else helper.make_tensor_type_proto(et, None)
-            if complete:
+            if complete and schema is not None:
                 data = {t: constants[t] for t in node.input if t in constants}
                 try:
                     inferred = onnx.shape_inference.infer_node_outputs(
-                        schema, node, input_types, data,
+                        schema,
+                        node,
+                        input_types,
+                        data,
                         opset_imports=[helper.make_opsetid("", default_opset)],
                     )
                 except Exception:  # inference failing is a lack of information, not an error

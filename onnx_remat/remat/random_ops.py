@@ -17,20 +17,7 @@ import enum
 import numpy as np
 import onnx_graphsurgeon as gs
 
-RANDOM_OPS = frozenset(
-    {
-        "RandomNormal",
-        "RandomNormalLike",
-        "RandomUniform",
-        "RandomUniformLike",
-        "Bernoulli",
-        "Multinomial",
-        "Dropout",
-        "BitmaskDropout",
-        "BiasDropout",
-        "BitmaskBiasDropout",
-    }
-)
+from onnx_remat.graph.conventions import RANDOM_OPS
 
 
 class DropoutMode(enum.Enum):

@@ -14,7 +14,8 @@ from models import MODELS
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
-from onnx_remat.ortsim.optimizer import optimize, runtime_graph
+from onnx_remat.ortsim.graph import runtime_graph
+from onnx_remat.ortsim.optimizer import optimize
 from onnx_remat.ortsim.order import default_order, order_from_names, priority_order
 from onnx_remat.ortsim.planner import plan_memory
 from onnx_remat.ortsim.shapes import infer_runtime_shapes
@@ -158,16 +159,16 @@ def test_default_order_visits_higher_indices_first():
     # then 3's cone, the producer with the higher index (1) before 0 (already done).
     assert default_order([0, 1, 2, 3, 4], producers, has_consumer) == [0, 4, 1, 2, 3]
     assert priority_order([0, 1, 2, 3, 4], producers, {}) == [0, 1, 2, 3, 4]
-    order, matched = order_from_names([0, 1, 2, 3, 4], producers, {0: "a", 1: "b", 2: "c", 3: "d", 4: "e"},
-                                      ["b", "a", "c", "d"])
+    order, matched = order_from_names(
+        [0, 1, 2, 3, 4], producers, {0: "a", 1: "b", 2: "c", 3: "d", 4: "e"}, ["b", "a", "c", "d"]
+    )
     assert order[:2] == [1, 0] and matched == 4 and set(order) == {0, 1, 2, 3, 4}
 
 
 def _tiny(nodes, inputs, outputs, inits=(), value_info=()):
     graph = helper.make_graph(nodes, "t", inputs, outputs, initializer=list(inits), value_info=list(value_info))
     imports = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
-    return helper.make_model(graph, opset_imports=imports,
-                             ir_version=8)
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
 
 
 def _vi(name, shape, et=TensorProto.FLOAT):
@@ -282,7 +283,9 @@ def test_estimate_against_onnxruntime(name):
     applied = onnx_remat.apply(art, scopes=[MODELS[name].block_scope])
     before = measure(art, steps=1, warmup=1, live=False).planned_peak_bytes
     after = measure(applied.model, checkpoint=art / "checkpoint", steps=1, warmup=1, live=False).planned_peak_bytes
-    print(f"{name}: before estimated {est.before.planned_peak_bytes} measured {before}; "
-          f"after estimated {est.after.planned_peak_bytes} measured {after}")
+    print(
+        f"{name}: before estimated {est.before.planned_peak_bytes} measured {before}; "
+        f"after estimated {est.after.planned_peak_bytes} measured {after}"
+    )
     assert abs(est.before.planned_peak_bytes / before - 1) <= 0.10
     assert abs(est.after.planned_peak_bytes / after - 1) <= 0.10

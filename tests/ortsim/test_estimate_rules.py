@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.estimate import estimate_graph
-from onnx_remat.shapes import TensorSizes
 
 pytest.importorskip("onnxruntime")
 
@@ -30,8 +30,9 @@ def _node(op, inputs, outputs, domain="", **attrs):
 
 def _model(nodes, inputs, outputs, inits=(), opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", opset),
-                                                                  helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(
+        graph, ir_version=9, opset_imports=[helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    )
 
 
 def _measured(model, tmp_path) -> int:
@@ -79,12 +80,15 @@ def test_unread_maxpool_indices_are_not_shared(tmp_path):
     _check(_model(nodes, [_vi("x", X), _vi("y", X)], [_vi("c", X)]), tmp_path, 1572864)
 
 
-@pytest.mark.parametrize("op,attrs,elem", [
-    ("Softmax", {"axis": -1}, TensorProto.FLOAT),
-    ("LogSoftmax", {"axis": -1}, TensorProto.FLOAT),
-    ("Clip", {}, TensorProto.FLOAT),
-    ("Cast", {"to": TensorProto.INT32}, TensorProto.INT32),  # same element size: in place
-])
+@pytest.mark.parametrize(
+    "op,attrs,elem",
+    [
+        ("Softmax", {"axis": -1}, TensorProto.FLOAT),
+        ("LogSoftmax", {"axis": -1}, TensorProto.FLOAT),
+        ("Clip", {}, TensorProto.FLOAT),
+        ("Cast", {"to": TensorProto.INT32}, TensorProto.INT32),  # same element size: in place
+    ],
+)
 def test_kernels_that_work_in_place(tmp_path, op, attrs, elem):
     # a = Neg(x) is read last by `op`, whose output takes a's buffer: one 256 KiB buffer.
     nodes = [_node("Neg", ["x"], ["a"]), _node(op, ["a"], ["b"], **attrs)]
@@ -94,8 +98,11 @@ def test_kernels_that_work_in_place(tmp_path, op, attrs, elem):
 
 def test_scale_output_is_planned(tmp_path):
     # com.microsoft::Scale (the ReduceMean gradient) keeps its input's shape: planned in the block.
-    nodes = [_node("Neg", ["x"], ["a"]), _node("Scale", ["a", "s"], ["b"], domain="com.microsoft"),
-             _node("Neg", ["b"], ["c"])]
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Scale", ["a", "s"], ["b"], domain="com.microsoft"),
+        _node("Neg", ["b"], ["c"]),
+    ]
     s = numpy_helper.from_array(np.array(2.0, np.float32), "s")
     _check(_model(nodes, [_vi("x", X)], [_vi("c", X)], [s]), tmp_path, 524288)
 
@@ -121,8 +128,12 @@ def test_equal_small_constants_are_shared(tmp_path):
     shape = [8192, 8]  # 256 KiB of float
     v = np.arange(8, dtype=np.float32)
     inits = [numpy_helper.from_array(v, "s1"), numpy_helper.from_array(v.copy(), "s2")]
-    nodes = [_node("Neg", ["x"], ["a"]), _node("Mul", ["a", "s1"], ["m1"]), _node("Mul", ["a", "s2"], ["m2"]),
-             _node("Add", ["m1", "m2"], ["c"])]
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Mul", ["a", "s1"], ["m1"]),
+        _node("Mul", ["a", "s2"], ["m2"]),
+        _node("Add", ["m1", "m2"], ["c"]),
+    ]
     _check(_model(nodes, [_vi("x", shape)], [_vi("c", shape)], inits), tmp_path, 524288)
 
 
@@ -130,8 +141,12 @@ def test_nine_element_constants_are_not_shared(tmp_path):
     shape = [8192, 9]
     v = np.arange(9, dtype=np.float32)
     inits = [numpy_helper.from_array(v, "s1"), numpy_helper.from_array(v.copy(), "s2")]
-    nodes = [_node("Neg", ["x"], ["a"]), _node("Mul", ["a", "s1"], ["m1"]), _node("Mul", ["a", "s2"], ["m2"]),
-             _node("Add", ["m1", "m2"], ["c"])]
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Mul", ["a", "s1"], ["m1"]),
+        _node("Mul", ["a", "s2"], ["m2"]),
+        _node("Add", ["m1", "m2"], ["c"]),
+    ]
     _check(_model(nodes, [_vi("x", shape)], [_vi("c", shape)], inits), tmp_path, 3 * 294912)
 
 
@@ -140,9 +155,15 @@ def test_gemm_sum_fusion(tmp_path):
     # the DEFAULT walk now runs the Gemm branch before the reduction branch (index 5), so s
     # (256 KiB) is alive next to t (1 MiB, placed above the freed a and d): 1.75 MiB.
     m = [256, 256]
-    nodes = [_node("Neg", ["x"], ["a"]), _node("Neg", ["y"], ["d"]), _node("Gemm", ["a", "w"], ["g"]),
-             _node("Sum", ["g", "d"], ["s"]), _node("Neg", ["z"], ["t"]),
-             _node("ReduceMean", ["t"], ["e"], axes=[0], keepdims=1), _node("Add", ["s", "e"], ["c"])]
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Neg", ["y"], ["d"]),
+        _node("Gemm", ["a", "w"], ["g"]),
+        _node("Sum", ["g", "d"], ["s"]),
+        _node("Neg", ["z"], ["t"]),
+        _node("ReduceMean", ["t"], ["e"], axes=[0], keepdims=1),
+        _node("Add", ["s", "e"], ["c"]),
+    ]
     model = _model(nodes, [_vi("x", m), _vi("y", m), _vi("w", m), _vi("z", [1024, 256])], [_vi("c", m)], opset=17)
     _check(model, tmp_path, 1835008)
 
@@ -150,10 +171,15 @@ def test_gemm_sum_fusion(tmp_path):
 def test_layer_norm_statistics_below_opset_17(tmp_path):
     # Below opset 17 LayerNormalization is onnxruntime's own op in the default domain; onnx knows
     # no shapes for it, onnxruntime does: its mean and inverse std-dev ([64, 1] each) are planned.
-    nodes = [_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=-1),
-             _node("Mul", ["y", "mean"], ["y1"]), _node("Mul", ["y1", "inv"], ["c"])]
-    inits = [numpy_helper.from_array(np.ones(1024, np.float32), "g"),
-             numpy_helper.from_array(np.zeros(1024, np.float32), "b")]
+    nodes = [
+        _node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=-1),
+        _node("Mul", ["y", "mean"], ["y1"]),
+        _node("Mul", ["y1", "inv"], ["c"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.ones(1024, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(1024, np.float32), "b"),
+    ]
     x = [64, 1024]
     _check(_model(nodes, [_vi("x", x)], [_vi("c", x)], inits, opset=14), tmp_path, 2 * 262144 + 2 * 256)
 
@@ -167,9 +193,16 @@ def test_transposes_pushed_through_elementwise_ops_cancel(tmp_path):
     # op that needs the other layout: no Transpose is pushed through it). onnxruntime's
     # TransposeOptimizer pushes the second Transpose through Tanh, where it cancels the third:
     # two Transposes fewer, two buffers instead of three.
-    nodes = [_transpose("x", "a"), _node("Gelu", ["a"], ["b"], domain="com.microsoft"), _transpose("b", "c"),
-             _node("Tanh", ["c"], ["d"]), _transpose("d", "e"), _node("Gelu", ["e"], ["g"], domain="com.microsoft"),
-             _transpose("g", "h"), _node("Tanh", ["h"], ["out"])]
+    nodes = [
+        _transpose("x", "a"),
+        _node("Gelu", ["a"], ["b"], domain="com.microsoft"),
+        _transpose("b", "c"),
+        _node("Tanh", ["c"], ["d"]),
+        _transpose("d", "e"),
+        _node("Gelu", ["e"], ["g"], domain="com.microsoft"),
+        _transpose("g", "h"),
+        _node("Tanh", ["h"], ["out"]),
+    ]
     shape = [4, 64, 96]  # 96 KiB of float
     _check(_model(nodes, [_vi("x", shape)], [_vi("out", shape)]), tmp_path, 196608)
 
@@ -177,22 +210,38 @@ def test_transposes_pushed_through_elementwise_ops_cancel(tmp_path):
 def test_transpose_pushed_through_broadcast_op(tmp_path):
     # Mul by a 1-D graph input: the pushed Transpose needs the input unsqueezed and transposed
     # (two new small nodes) and cancels the Transpose after the Mul.
-    nodes = [_transpose("x", "a"), _node("Gelu", ["a"], ["b"], domain="com.microsoft"), _transpose("b", "c"),
-             _node("Mul", ["c", "w"], ["d"]), _transpose("d", "e"),
-             _node("Gelu", ["e"], ["out"], domain="com.microsoft")]
+    nodes = [
+        _transpose("x", "a"),
+        _node("Gelu", ["a"], ["b"], domain="com.microsoft"),
+        _transpose("b", "c"),
+        _node("Mul", ["c", "w"], ["d"]),
+        _transpose("d", "e"),
+        _node("Gelu", ["e"], ["out"], domain="com.microsoft"),
+    ]
     _check(_model(nodes, [_vi("x", [4, 64, 96]), _vi("w", [96])], [_vi("out", [4, 96, 64])]), tmp_path, 197120)
 
 
 def test_layer_norm_gradient_parameter_gradients_are_planned(tmp_path):
     # onnxruntime infers the shapes of LayerNormalizationGrad's scale and bias gradients (those of
     # the scale): they are planned in the block (4 KiB each here), below n1.
-    inits = [numpy_helper.from_array(np.ones(1024, np.float32), "g"),
-             numpy_helper.from_array(np.zeros(1024, np.float32), "b")]
-    nodes = [_node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=-1),
-             _node("LayerNormalizationGrad", ["dy", "x", "g", "mean", "inv"], ["dx", "dg", "db"],
-                   domain="com.microsoft", axis=-1),
-             _node("Neg", ["dx"], ["n1"]), _node("Add", ["n1", "y"], ["n2"]), _node("Add", ["dg", "db"], ["s"]),
-             _node("Add", ["n2", "s"], ["c"])]
+    inits = [
+        numpy_helper.from_array(np.ones(1024, np.float32), "g"),
+        numpy_helper.from_array(np.zeros(1024, np.float32), "b"),
+    ]
+    nodes = [
+        _node("LayerNormalization", ["x", "g", "b"], ["y", "mean", "inv"], axis=-1),
+        _node(
+            "LayerNormalizationGrad",
+            ["dy", "x", "g", "mean", "inv"],
+            ["dx", "dg", "db"],
+            domain="com.microsoft",
+            axis=-1,
+        ),
+        _node("Neg", ["dx"], ["n1"]),
+        _node("Add", ["n1", "y"], ["n2"]),
+        _node("Add", ["dg", "db"], ["s"]),
+        _node("Add", ["n2", "s"], ["c"]),
+    ]
     x = [64, 1024]
     _check(_model(nodes, [_vi("x", x), _vi("dy", x)], [_vi("c", x)], inits), tmp_path, 799232)
 
@@ -200,18 +249,27 @@ def test_layer_norm_gradient_parameter_gradients_are_planned(tmp_path):
 def test_folded_shape_removes_the_chain_that_fed_it(tmp_path):
     # Shape(b) of a static b is folded; the nodes computing b (read by nothing else) go with it:
     # only the Sigmoid runs (one buffer, c0, plus the folded constant's small cast).
-    nodes = [_node("Neg", ["x"], ["a"]), _node("Relu", ["a"], ["b"]), _node("Neg", ["b"], ["b2"]),
-             _node("Shape", ["b2"], ["s"]), _node("ReduceSum", ["s"], ["r"], keepdims=0),
-             _node("Cast", ["r"], ["sf"], to=TensorProto.FLOAT), _node("Sigmoid", ["x"], ["c0"]),
-             _node("Mul", ["c0", "sf"], ["c"])]
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Relu", ["a"], ["b"]),
+        _node("Neg", ["b"], ["b2"]),
+        _node("Shape", ["b2"], ["s"]),
+        _node("ReduceSum", ["s"], ["r"], keepdims=0),
+        _node("Cast", ["r"], ["sf"], to=TensorProto.FLOAT),
+        _node("Sigmoid", ["x"], ["c0"]),
+        _node("Mul", ["c0", "sf"], ["c"]),
+    ]
     _check(_model(nodes, [_vi("x", X)], [_vi("c", X)]), tmp_path, 262144)
 
 
 def test_concat_training_lengths_are_planned(tmp_path):
     # com.microsoft::ConcatTraining (onnxruntime's Concat with a second output: each input's length
     # along the axis, int64): onnxruntime knows both shapes; the lengths take 256 bytes of the block.
-    nodes = [_node("Neg", ["x"], ["a"]), _node("Neg", ["y"], ["b"]),
-             _node("ConcatTraining", ["a", "b"], ["z", "lengths"], domain="com.microsoft", axis=1),
-             _node("Neg", ["z"], ["c"])]
+    nodes = [
+        _node("Neg", ["x"], ["a"]),
+        _node("Neg", ["y"], ["b"]),
+        _node("ConcatTraining", ["a", "b"], ["z", "lengths"], domain="com.microsoft", axis=1),
+        _node("Neg", ["z"], ["c"]),
+    ]
     x = [64, 512]
     _check(_model(nodes, [_vi("x", x), _vi("y", x)], [_vi("c", [64, 1024])]), tmp_path, 524288 + 256)

@@ -1,0 +1,55 @@
+"""``CommonSubexpressionElimination``: nodes of the same op, attributes and inputs become one
+(random ops excepted); this is what merges naive recompute clones back into the originals."""
+
+from __future__ import annotations
+
+from onnx_remat.ortsim.graph import NOT_MERGED, RuntimeGraph, RuntimeNode
+from onnx_remat.ortsim.rewrites.base import GraphPass
+
+
+def _cse(rg: RuntimeGraph) -> bool:
+    """``CommonSubexpressionElimination``: a deterministic node equal to an earlier one (op,
+    attributes, inputs) is dropped and its readers read the earlier node's outputs."""
+    seen: dict[tuple, RuntimeNode] = {}
+    changed = False
+    for i in rg.default_order():
+        node = rg.nodes[i]
+        if node is None or node.op in NOT_MERGED or rg.produces_graph_output(node):
+            continue
+        try:
+            key = (node.domain, node.op, tuple(node.inputs), len(node.outputs), _attr_key(node.attrs))
+        except TypeError:
+            continue
+        first = seen.get(key)
+        if first is None:
+            seen[key] = node
+            continue
+        for mine, theirs in zip(node.outputs, first.outputs):
+            if mine and theirs:
+                rg.rewire(mine, theirs)
+            elif mine:
+                break
+        else:
+            rg.remove(node)
+            rg.rewrites["CommonSubexpressionElimination"] += 1
+            changed = True
+    return changed
+
+
+def _attr_key(attrs: dict) -> tuple:
+    out = []
+    for k in sorted(attrs):
+        v = attrs[k]
+        if isinstance(v, (list, tuple)):
+            v = tuple(x.SerializeToString() if hasattr(x, "SerializeToString") else x for x in v)
+        elif hasattr(v, "SerializeToString"):
+            v = v.SerializeToString()
+        out.append((k, v))
+    return tuple(out)
+
+
+class CommonSubexpressionElimination(GraphPass):
+    name = "CommonSubexpressionElimination"
+
+    def apply(self, rg: RuntimeGraph) -> bool:
+        return _cse(rg)
