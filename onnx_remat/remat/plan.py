@@ -83,6 +83,10 @@ class Segment:
     unknown_sizes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     group: str | None = None  # stages of one --recompute-outputs group share it
+    # Boundary tensors this segment reads from the clone that an earlier segment of the plan makes
+    # (a target of that segment), not from storage: the budget planner's boundaries recomputed once
+    # and shared (:mod:`onnx_remat.remat.budget`). Empty for every selection-made plan.
+    from_clones: list[str] = field(default_factory=list)
 
     def summary(self) -> dict:
         """JSON-ready description (used in the model's metadata and in reports)."""
@@ -99,6 +103,7 @@ class Segment:
             "unknown_sizes": self.unknown_sizes,
             "notes": self.notes,
             "group": self.group,
+            "from_clones": self.from_clones,
         }
 
 

@@ -195,9 +195,13 @@ class RecomputeRewrite:
         moved: set[int] = set()
         done: list[RewrittenSegment] = []
         copies: dict[int, int] = {}  # id(node) -> clones made so far (stages may clone a node again)
+        shared: dict[str, gs.Tensor] = {}  # target name -> its clone, for later segments' from_clones
         for seg, label, sched in staged:
+            missing = [name for name in seg.from_clones if name not in shared]
+            if missing:
+                raise RuntimeError(f"segment {label} reads clones no earlier segment makes: {missing[:3]}")
             added, rewritten = self._rewrite_segment(
-                tg, seg, label, sched.readers, sched.triggers, sched.insert_at, copies
+                tg, seg, label, sched.readers, sched.triggers, sched.insert_at, copies, shared
             )
             rewritten.notes.extend(sched.notes)
             late = [n for n in sched.moved if id(n) not in moved]
@@ -340,7 +344,9 @@ class RecomputeRewrite:
             return _Schedule(readers, [tg.seed], readers[0], [], [note])
         return _Schedule(readers, [], readers[0], [], ["no trigger found: clones may run early"])
 
-    def _rewrite_segment(self, tg, seg: Segment, label: str, readers, triggers, insert_at, copies: dict[int, int]):
+    def _rewrite_segment(
+        self, tg, seg: Segment, label: str, readers, triggers, insert_at, copies: dict[int, int], shared=None
+    ):
         gated: dict[str, gs.Tensor] = {}
         gate_order: list[gs.Tensor] = []
 
@@ -355,11 +361,16 @@ class RecomputeRewrite:
             return out
 
         clone_of: dict[str, gs.Tensor] = {}
+        shared = {} if shared is None else shared
+        from_clones = set(seg.from_clones)
 
         def source(t: gs.Tensor) -> gs.Tensor:
             if not t.name or isinstance(t, gs.Constant):
                 return t  # omitted optional input or initializer: read directly
-            return clone_of.get(t.name) or gate(t)
+            if t.name in clone_of:
+                return clone_of[t.name]
+            # A boundary an earlier segment recomputed: its clone, through this segment's barrier.
+            return gate(shared[t.name] if t.name in from_clones else t)
 
         clones: list[gs.Node] = []
         scratch_nodes: list[gs.Node] = []
@@ -412,6 +423,8 @@ class RecomputeRewrite:
                 if t.name in target_names:
                     reader.inputs[i] = clone_of[t.name]
                     rewired += 1
+        for t in seg.targets:
+            shared[t.name] = clone_of[t.name]
 
         added: list[gs.Node] = []
         barrier_name = None

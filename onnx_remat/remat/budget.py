@@ -1,0 +1,583 @@
+"""Recompute under a memory budget: choose what to recompute so the planned peak fits, at the least
+added compute, and check the choice with the exact estimator.
+
+>>> from onnx_remat.remat.budget import BudgetPlanner
+>>> planner = BudgetPlanner(onnx_remat.analyze_model("models/artifacts/blocks10"))
+>>> chosen = planner.plan(60 * 2**20)          # raises RematError if 60 MiB cannot be reached
+>>> chosen.peak, chosen.added                    # exact estimated planned peak, added compute (fraction)
+>>> planner.sweep()                              # the trade-off curve
+
+``onnx_remat.apply(model, budget="60MiB")`` and ``onnx-remat apply MODEL --budget 60MiB`` call
+:meth:`BudgetPlanner.plan`; ``onnx-remat plan MODEL --sweep`` calls :meth:`BudgetPlanner.sweep`.
+
+How (each step its own module):
+
+1. costs per node (:mod:`onnx_remat.remat.cost`: onnxruntime's profile, or a FLOP estimate) and
+   ONE exact estimate of the unrewritten graph (:mod:`onnx_remat.estimate`);
+2. the cheap model (:mod:`onnx_remat.remat.budget_model`): units in forward order, their options
+   (store, op-level ``cheap``, child scopes, the whole layer), chains of repeated layers, and the
+   memory each slot of the step needs;
+3. the exact solver of that model (:mod:`onnx_remat.remat.solve`): a dynamic programme over the
+   units, with rotor schedules (recompute from the nearest kept block output) inside groups of
+   chained layers;
+4. the plan it picks is rewritten (:mod:`onnx_remat.remat.rewrite`; a unit of a group recomputes
+   from a boundary another unit's recompute made, ``Segment.from_clones``) and its planned peak
+   estimated exactly. The model is approximate (onnxruntime reuses buffers by shape, and its
+   memory pattern fragments), so when the estimate exceeds the budget the model's budget is
+   lowered by the excess and the model solved again (a few rounds); when it is well under, a
+   larger model budget is tried for a cheaper plan that still fits;
+5. the plans per-layer recompute (``--scope`` on every repeated layer) and
+   ``--recompute-outputs`` would make are estimated too, and taken where they fit for less
+   compute (so the planner never does worse than them at their own peaks).
+
+The chosen plan's estimate is exact (byte-exact with onnxruntime's planned peak on every example
+model); ``apply --measure`` runs it. A budget below the lowest peak found is refused with that
+peak (:class:`~onnx_remat.errors.RematError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from onnx_remat.analysis.model import ModelAnalysis
+from onnx_remat.analysis.regions import producer
+from onnx_remat.errors import RematError
+from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model
+from onnx_remat.remat.cost import NodeCosts, node_costs
+from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
+from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
+from onnx_remat.remat.solve import Choice, Event, Problem, Solution, UnitSpec, min_budget, predict, solve
+from onnx_remat.units import format_bytes
+
+MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
+PER_LAYER, RECOMPUTE_OUTPUTS, PLANNER, NONE = "per-layer", "recompute-outputs", "planner", "none"
+
+
+@dataclass
+class BudgetPlan:
+    """One plan and its exact figures.
+
+    ``peak`` is the exact estimated planned peak (what onnxruntime plans); ``cost`` the seconds
+    its clones add per step, ``total`` the step (:class:`~onnx_remat.remat.cost.NodeCosts`), so
+    ``added`` is the fraction of compute added. ``rewrite`` is None for the unrewritten graph.
+    """
+
+    source: str  # planner, per-layer, recompute-outputs or none
+    plan: RecomputePlan | None
+    rewrite: RewriteResult | None
+    estimate: object  # MemoryEstimate
+    cost: float
+    total: float
+    choices: list[str] = field(default_factory=list)  # what each unit or group does, readable
+    model_budget: int | None = None  # the budget the model was solved for
+    solution: Solution | None = None  # the model's solution it realizes (None for a reference without one)
+    observed: dict = field(default_factory=dict)  # live bytes per slot in its exact estimate
+
+    @property
+    def peak(self) -> int:
+        return int(self.estimate.planned_peak_bytes)  # type: ignore[attr-defined]
+
+    @property
+    def added(self) -> float:
+        return self.cost / self.total if self.total else 0.0
+
+    @property
+    def clones(self) -> int:
+        return self.rewrite.clone_count if self.rewrite is not None else 0
+
+    def summary(self) -> dict:
+        """JSON-ready figures."""
+        return {
+            "source": self.source,
+            "planned_peak_bytes": self.peak,
+            "added_compute": self.added,
+            "added_seconds": self.cost,
+            "step_seconds": self.total,
+            "segments": len(self.plan.segments) if self.plan is not None else 0,
+            "cloned_nodes": self.clones,
+            "choices": self.choices,
+            "model_budget_bytes": self.model_budget,
+        }
+
+
+@dataclass
+class Attempt:
+    """One round of the calibration: the model's budget, and what the exact estimate said."""
+
+    model_budget: int
+    peak: int | None
+    cost: float | None
+    fits: bool
+
+
+@dataclass
+class BudgetResult:
+    """:meth:`BudgetPlanner.plan`'s answer: the chosen plan, the baseline, and how it was found."""
+
+    budget: int
+    chosen: BudgetPlan
+    baseline_peak: int
+    attempts: list[Attempt]
+    references: list[BudgetPlan]
+    notes: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {
+            "budget_bytes": self.budget,
+            "baseline_planned_peak_bytes": self.baseline_peak,
+            "chosen": self.chosen.summary(),
+            "attempts": [dataclasses.asdict(a) for a in self.attempts],
+            "references": [r.summary() for r in self.references],
+            "notes": self.notes,
+        }
+
+
+@dataclass
+class SweepPoint:
+    budget: int
+    plan: BudgetPlan | None  # None: unreachable
+
+
+@dataclass
+class Sweep:
+    """The trade-off curve: per budget the chosen plan, plus the reference plans and the floor."""
+
+    baseline_peak: int
+    total: float
+    points: list[SweepPoint]
+    references: list[BudgetPlan]
+    floor: BudgetPlan
+    cost_source: str
+
+    def to_json(self) -> dict:
+        return {
+            "baseline_planned_peak_bytes": self.baseline_peak,
+            "step_seconds": self.total,
+            "cost_source": self.cost_source,
+            "floor": self.floor.summary(),
+            "points": [
+                {"budget_bytes": p.budget, **(p.plan.summary() if p.plan else {"planned_peak_bytes": None})}
+                for p in self.points
+            ],
+            "references": [r.summary() for r in self.references],
+        }
+
+
+def _solution_key(sol: Solution) -> str:
+    return repr(
+        [(c.first, c.last, c.option, [(e.unit, e.start, e.from_clone, e.holds) for e in c.events]) for c in sol.choices]
+    )
+
+
+def to_problem(model: BudgetModel, max_group: int = 12, fix: dict | None = None) -> Problem:
+    """The numbers :func:`onnx_remat.remat.solve.solve` works on, with the corrections ``fix``
+    learnt from exact estimates (keyed as :func:`~onnx_remat.remat.solve.predict` names figures)."""
+    fix = fix or {}
+    specs = []
+    for u in model.units:
+        k = u.index
+        opts = [(o.cost, o.need(u) + fix.get(("bw", k, i), 0), o.kept) for i, o in enumerate(u.options)]
+        layer = u.option(LAYER)
+        layer_spec = None
+        if layer is not None:
+            single = fix.get(("bw", k, u.options.index(layer)), 0)
+            layer_spec = (layer.cost, layer.need(u) + fix.get(("bw", k, -1), single), layer.kept)
+        specs.append(
+            UnitSpec(
+                fw_need=u.fw_need + fix.get(("fw", k), 0),
+                boundary=u.boundary_bytes,
+                options=opts,
+                joins_next=u.joins_next,
+                layer=layer_spec,
+                forward_cost=u.forward_cost,
+                advance=u.advance,
+                event_ext=u.event_ext + fix.get(("adv", k), 0),
+            )
+        )
+    return Problem(
+        specs, mid_need=model.mid_need + fix.get(("mid",), 0), outside_need=model.outside_need, max_group=max_group
+    )
+
+
+class BudgetPlanner:
+    """Plans for memory budgets on one analysed training graph (see the module docstring).
+
+    ``costs``: per-node costs (default :func:`~onnx_remat.remat.cost.node_costs`: the cached
+    profile beside the model, else the FLOP estimate); ``profile`` a profile file to read them
+    from; ``dropout`` is passed to the planner of segments; ``max_group`` bounds the units one
+    rotor group spans.
+    """
+
+    def __init__(
+        self,
+        analysis: ModelAnalysis,
+        *,
+        costs: NodeCosts | None = None,
+        profile=None,
+        dropout: str | None = None,
+        max_group: int = 12,
+    ):
+        from onnx_remat.estimate import _regions, _scope_of_tensor, check_dims, estimate_graph
+
+        check_not_rewritten(analysis.graph)
+        check_dims(analysis)
+        self.analysis = analysis
+        self.costs = costs if costs is not None else node_costs(analysis, profile)
+        self.baseline_parts = estimate_graph(
+            analysis.model,
+            analysis.sizes.copy(),
+            regions=_regions(analysis),
+            scope_of_tensor=_scope_of_tensor(analysis),
+        )
+        self.baseline = self.baseline_parts[0]
+        self.model = build_model(analysis, self.costs, self.baseline_parts, dropout=dropout)
+        self.max_group = max_group
+        self.fix: dict[tuple, int] = {}  # corrections learnt from exact estimates (see learn())
+        self.dropout = dropout
+        self._order = list(self.baseline.order_names)
+        self.fragmentation = 0  # planned peak minus live peak seen in exact estimates
+        _est, mplan, rg = self.baseline_parts
+        self._base_step: dict[str, int] = {}
+        for k, i in enumerate(mplan.order):
+            for name in rg.at(i).origin:
+                self._base_step.setdefault(name, k)
+        self._references: list[BudgetPlan] | None = None
+        self._floor: BudgetPlan | None = None
+
+    @property
+    def units(self) -> list[Unit]:
+        return self.model.units
+
+    @property
+    def problem(self) -> Problem:
+        """The solver's problem, with the corrections learnt so far."""
+        return to_problem(self.model, self.max_group, self.fix)
+
+    @property
+    def baseline_peak(self) -> int:
+        return int(self.baseline.planned_peak_bytes)
+
+    # -- turning a solution into a plan ---------------------------------------------------------
+
+    def _event_segment(self, ev: Event) -> Segment:
+        """The segment of one rotor event: forward from the boundary of unit ``ev.start`` through
+        the units up to ``ev.unit``, keeping the boundaries of ``ev.holds`` and the unit's own
+        recomputed activations for the backward pass."""
+        p = self.model.planner
+        units = self.units
+        unit = units[ev.unit]
+        layer = unit.option(LAYER)
+        assert layer is not None
+        targets = [t for s in layer.segments for t in s.targets]
+        for h in ev.holds:
+            targets += units[h].boundary
+        nodes = [n for k in range(ev.start + 1, ev.unit + 1) for n in units[k].nodes]
+        candidates, _, _ = p._scope_candidates(nodes)
+        allowed = set(candidates) | {id(n) for s in layer.segments for n in s.recompute}
+        label = unit.path if ev.start == ev.unit - 1 and not ev.holds else f"{unit.path}<{units[ev.start].path}"
+        paths = [units[k].path for k in range(ev.start + 1, ev.unit + 1)]
+        seg = p._segment(label, "scope", paths, targets, lambda n: id(n) in allowed, [])
+        assert seg is not None
+        if ev.from_clone and ev.start >= 0:
+            seg.from_clones = [t.name for t in units[ev.start].boundary]
+        seg.group = f"{units[min(ev.start + 1, ev.unit)].path}..{unit.path}" if ev.holds or ev.from_clone else None
+        p._account(seg)
+        if ev.from_clone:
+            # the start boundary is read from a clone: it is not stored, nothing is kept alive for it
+            held = sum(p.sizes.nbytes(t.name) or 0 for t in units[ev.start].boundary)
+            seg.extra_boundary_bytes = max(0, seg.extra_boundary_bytes - held)
+            seg.released_bytes = seg.target_bytes - seg.extra_boundary_bytes
+        return seg
+
+    def _describe(self, c: Choice) -> str:
+        units = self.units
+        if c.option is not None:
+            return f"{units[c.first].path}: {units[c.first].options[c.option].kind}"
+        parts = []
+        for ev in c.events:
+            src = "input" if ev.start == c.first - 1 and not ev.from_clone else units[ev.start].path
+            keeps = f", keeps {', '.join(units[h].path for h in ev.holds)}" if ev.holds else ""
+            parts.append(f"{units[ev.unit].path} from {src}{keeps}")
+        return f"{units[c.first].path}..{units[c.last].path}: rotor group ({'; '.join(parts)})"
+
+    def realize(self, sol: Solution, source: str = PLANNER) -> BudgetPlan:
+        """Rewrite and estimate a solution of the model."""
+        segments: list[Segment] = []
+        owners: dict[int, int] = {}
+        for c in sol.choices:
+            if c.option is not None:
+                for seg in self.units[c.first].options[c.option].segments:
+                    segments.append(seg)
+                    owners[id(seg)] = c.first
+            else:
+                for ev in c.events:
+                    seg = self._event_segment(ev)
+                    segments.append(seg)
+                    owners[id(seg)] = ev.unit
+        choices = [self._describe(c) for c in sol.choices if not self._is_store(c)]
+        bp = self._evaluate(segments, source, choices, owners=owners)
+        bp.solution = sol
+        return bp
+
+    def _is_store(self, c: Choice) -> bool:
+        return c.option is not None and self.units[c.first].options[c.option].kind == STORE
+
+    def _evaluate(
+        self, segments: list[Segment], source: str, choices: list[str], notes=(), owners: dict | None = None
+    ) -> BudgetPlan:
+        if not segments:
+            return BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, [])
+        pos = self.analysis.graph.position
+        segments = sorted(segments, key=lambda s: min(pos[id(producer(t))] for t in s.targets))
+        made: set[str] = set()
+        for s in segments:  # a segment reading clones comes after the one making them
+            missing = [n for n in s.from_clones if n not in made]
+            if missing:
+                raise AssertionError(f"segment {s.label} reads clones of {missing[:2]} before they are made")
+            made.update(t.name for t in s.targets)
+        plan = self._plan(segments, list(notes))
+        return self._evaluate_plan(plan, source, choices, owners)
+
+    def _plan(self, segments: list[Segment], notes: list[str]) -> RecomputePlan:
+        fields = {f.name for f in dataclasses.fields(RecomputePlan)}
+        extra: dict = {}
+        if "dropout" in fields and self.dropout is not None:
+            extra["dropout"] = self.dropout
+        if "mask_shapes" in fields:
+            sizes = self.analysis.sizes
+            extra["mask_shapes"] = {t.name: sizes.raw_dims(t.name) for s in segments for t in getattr(s, "masks", [])}
+        return RecomputePlan(segments=segments, notes=notes, **extra)
+
+    # -- references -----------------------------------------------------------------------------
+
+    def references(self) -> list[BudgetPlan]:
+        """Per-layer recompute (every repeated layer unit, as ``--scope``) and the same with
+        ``--recompute-outputs``, estimated exactly."""
+        if self._references is None:
+            refs = []
+            paths = [u.path for u in self.units if u.chain is not None]
+            if paths:
+                p = self.model.planner
+                for source, merged in ((PER_LAYER, False), (RECOMPUTE_OUTPUTS, True)):
+                    try:
+                        plan = p.plan(Selection(scopes=paths, recompute_outputs=merged))
+                    except RematError:
+                        continue
+                    if not plan.segments:
+                        continue
+                    bp = self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"])
+                    bp.solution = self._reference_solution(merged)
+                    if bp.solution is not None:
+                        self.learn(bp)
+                    refs.append(bp)
+            self._references = refs
+        return self._references
+
+    def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
+        from onnx_remat.analysis.sizes import TensorSizes
+        from onnx_remat.estimate import _regions, _scope_of_tensor, estimate_graph
+
+        rewrite = RecomputeRewrite(random_order=self._order)(self.analysis.graph, plan)
+        parts = estimate_graph(
+            rewrite.model,
+            TensorSizes(rewrite.model, self.analysis.sizes.dims),
+            regions=_regions(self.analysis, rewrite.model),
+            scope_of_tensor=_scope_of_tensor(self.analysis),
+        )
+        cost = sum(self.costs.recompute_sum(s.recompute) for s in plan.segments)
+        bp = BudgetPlan(source, plan, rewrite, parts[0], cost, self.costs.total, choices)
+        bp.observed = self._observe(parts, rewrite, plan, owners)
+        return bp
+
+    def _observe(self, parts, rewrite: RewriteResult, plan: RecomputePlan, owners: dict | None) -> dict[str, int]:
+        """Live bytes at most per slot of the baseline (``fw:k``, ``bw:k``, ``mid``, ...) in the
+        exact estimate of a rewrite: clones and barriers count in the backward slot of the unit
+        they recompute, original nodes in their slot of the unrewritten graph."""
+        est, mplan, rg = parts
+        unit_of_node = {n.name: u.index for u in self.units for n in u.nodes if n.name}
+        step_slot = self.model.slots
+        base_step = self._base_step
+        owner_of: dict[str, int] = {}
+        for seg, rs in zip(plan.segments, rewrite.segments):
+            k = owners.get(id(seg)) if owners else None
+            if k is None:
+                k = next(
+                    (
+                        unit_of_node[t.inputs[0].name]
+                        for t in seg.targets
+                        if t.inputs and t.inputs[0].name in unit_of_node
+                    ),
+                    None,
+                )
+            if k is None:
+                continue
+            for name in [rs.barrier or "", *rs.clones, *getattr(rs, "unpacked", [])]:
+                owner_of[name] = k
+        observed: dict[str, int] = {}
+        slot = "pre"
+        for k, i in enumerate(mplan.order):
+            origin = rg.at(i).origin
+            mine = [owner_of[o] for o in origin if o in owner_of]
+            if mine:
+                slot = f"bw:{mine[0]}"
+            else:
+                steps = [base_step[o] for o in origin if o in base_step]
+                if steps:
+                    slot = step_slot[min(steps)]
+            live = int(mplan.live_bytes[k])
+            if live > observed.get(slot, -1):
+                observed[slot] = live
+        observed["_fragmentation"] = int(est.planned_peak_bytes - est.peak_live_bytes)
+        return observed
+
+    def learn(self, bp: BudgetPlan) -> None:
+        """Correct the model where it was off for this plan: per slot, the exact estimate's live
+        bytes minus the model's, added to the figure that decided the slot (repeated while another
+        figure of the slot takes over). The latest plan's figures win: the model is local."""
+        if bp.solution is None or not bp.observed:
+            return
+        for _ in range(4):
+            changed = False
+            for slot, (value, key) in predict(self.problem, bp.solution).items():
+                seen = bp.observed.get(slot)
+                if seen is None or seen == value:
+                    continue
+                if key[0] == "bw" and key[2] == -1 and key not in self.fix:
+                    u = self.units[key[1]]
+                    layer = u.option(LAYER)
+                    if layer is not None:
+                        self.fix[key] = self.fix.get(("bw", key[1], u.options.index(layer)), 0)
+                self.fix[key] = self.fix.get(key, 0) + (seen - value)
+                changed = True
+            if not changed:
+                break
+        self.fragmentation = max(self.fragmentation, bp.observed.get("_fragmentation", 0))
+
+    def _reference_solution(self, merged: bool) -> Solution | None:
+        """The reference plan as a solution of the model (to learn from its estimate)."""
+        units = self.units
+        choices: list[Choice] = []
+        k = 0
+        while k < len(units):
+            u = units[k]
+            layer = u.option(LAYER)
+            if u.chain is None or layer is None:
+                choices.append(Choice(k, k, option=0))
+                k += 1
+                continue
+            if not merged:
+                choices.append(Choice(k, k, option=u.options.index(layer)))
+                k += 1
+                continue
+            b = k
+            while b + 1 < len(units) and units[b].joins_next and units[b + 1].option(LAYER) is not None:
+                b += 1
+            if b == k:
+                choices.append(Choice(k, k, option=u.options.index(layer)))
+            else:
+                events = [Event(m, k - 1, False, [m - 1] if m > k else []) for m in range(b, k - 1, -1)]
+                choices.append(Choice(k, b, events=events))
+            k = b + 1
+        return Solution(cost=0.0, choices=choices, stored=0, budget=0)
+
+    # -- budgets -------------------------------------------------------------------------------
+
+    def _solve(self, model_budget: int) -> Solution | None:
+        return solve(self.problem, model_budget)
+
+    def plan(self, budget: int, *, progress: Callable[[str], None] | None = None) -> BudgetResult:
+        """The cheapest plan found whose exact planned peak is at most ``budget`` bytes.
+
+        Raises a one-line :class:`RematError` naming the lowest reachable peak when none fits.
+        """
+        if budget <= 0:
+            raise RematError(f"the budget must be positive, got {budget} bytes")
+        base = self.baseline_peak
+        attempts: list[Attempt] = []
+        if budget >= base:
+            none = BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, [])
+            return BudgetResult(
+                budget,
+                none,
+                base,
+                attempts,
+                [],
+                [f"the unrewritten graph fits: planned peak {format_bytes(base)} <= {format_bytes(budget)}"],
+            )
+        refs = self.references()  # also teaches the model where it is off for whole-layer recompute
+        best: BudgetPlan | None = None
+        seen: set[str] = set()
+        for _ in range(MAX_ROUNDS):
+            model_budget = budget - self.fragmentation
+            sol = self._solve(model_budget)
+            if sol is None:
+                attempts.append(Attempt(model_budget, None, None, False))
+                break
+            key = _solution_key(sol)
+            if key in seen:
+                break  # the corrected model picks a plan it has already checked
+            seen.add(key)
+            bp = self.realize(sol)
+            bp.model_budget = model_budget
+            self.learn(bp)
+            fits = bp.peak <= budget
+            attempts.append(Attempt(model_budget, bp.peak, bp.cost, fits))
+            if progress:
+                progress(f"model budget {format_bytes(model_budget)}: planned peak {format_bytes(bp.peak)}")
+            if fits and (best is None or bp.cost < best.cost):
+                best = bp
+        for ref in refs:
+            if ref.peak <= budget and (best is None or ref.cost < best.cost):
+                best = ref
+        if best is None:
+            floor = self.floor()
+            raise RematError(
+                f"budget {format_bytes(budget)} is below the lowest planned peak onnx-remat reaches for this "
+                f"graph, {format_bytes(floor.peak)} ({floor.peak / base:.0%} of the unrewritten "
+                f"{format_bytes(base)}); nothing written"
+            )
+        notes = []
+        if best.source != PLANNER:
+            notes.append(f"{best.source} recompute fits the budget for the least compute found")
+        return BudgetResult(budget, best, base, attempts, refs, notes)
+
+    def floor(self) -> BudgetPlan:
+        """The plan with the lowest exact planned peak found: the model's least feasible budget,
+        calibrated, and the reference plans."""
+        if self._floor is not None:
+            return self._floor
+        base = self.baseline_peak
+        lo = max(self.problem.outside_need, 1)
+        least = min_budget(self.problem, lo, base)
+        found: list[BudgetPlan] = []
+        if least is not None:
+            sol = solve(self.problem, least)
+            if sol is not None:
+                found.append(self.realize(sol))
+                # the least feasible model budget is not always the least exact peak: try a little above
+                for factor in (1.02, 1.05, 1.1):
+                    s2 = solve(self.problem, int(least * factor))
+                    if s2 is not None:
+                        found.append(self.realize(s2))
+        found += self.references()
+        found.append(BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, []))
+        self._floor = min(found, key=lambda p: (p.peak, p.cost))
+        return self._floor
+
+    def sweep(self, budgets: list[int] | None = None, points: int = 8) -> Sweep:
+        """The trade-off curve: plans for ``budgets`` (default: ``points`` budgets evenly spaced
+        from the unrewritten peak down to the floor), the reference plans and the floor."""
+        floor = self.floor()
+        base = self.baseline_peak
+        if budgets is None:
+            hi, lo = base, floor.peak
+            budgets = sorted({int(lo + (hi - lo) * i / (points - 1)) for i in range(points)}, reverse=True)
+        out = []
+        for b in budgets:
+            try:
+                out.append(SweepPoint(b, self.plan(b).chosen))
+            except RematError:
+                out.append(SweepPoint(b, None))
+        return Sweep(base, self.costs.total, out, self.references(), floor, self.costs.source)

@@ -1,0 +1,321 @@
+"""Least added compute under a memory budget, on the budget planner's chain model: exact solvers.
+
+The problem (numbers only; :mod:`onnx_remat.remat.budget_model` derives them from a graph): units
+``0..n-1`` in forward order. Each unit is either treated on its own, by one of its *options*
+(cost ``c``, memory ``need`` while its backward runs, bytes ``kept`` past its forward pass), or
+belongs to a *group*: a run of consecutive units that chain (``joins_next``), every one of them
+recomputed as a whole (its ``layer`` option) and their boundaries (block outputs) not stored but
+recomputed from the group's input. Whatever a unit keeps, and its boundary when stored, stays in
+memory while every later unit runs, forward and backward; so with ``S_k`` the bytes units before
+``k`` keep, the plan fits budget ``B`` when
+
+* ``S_k + fw_need_k <= B`` (forward of unit k, its input included when it is not stored),
+* ``S_k + need_k <= B`` for a unit on its own (its backward, its recompute included),
+* ``S_n + mid_need <= B`` (between the forward and the backward pass), ``outside_need <= B``,
+* for a group, its rotor schedule fits the headroom ``B - S_a - kept of the group``.
+
+**Rotor schedules** (Griewank's revolve / Beaumont et al.'s Rotor, on this rewrite's terms): the
+backward pass of group ``a..b`` with ``o_{a-1}`` available and headroom ``M`` costs
+
+    rot(a, a, M) = layer cost of a                   if need_a <= M
+    rot(a, b, M) = min over a <= s < b of  F(a..s) + rot(s+1, b, M - o_s) + rot(a, s, M)
+
+when the backward pass reaches unit ``b``, recompute forward from ``o_{a-1}`` to ``o_s`` (cost
+``F``, the units' full forward), keep ``o_s``, do ``s+1..b``, then ``a..s``. It covers per-layer
+recompute inside the group (all splits at ``s = b-1`` from a stored input: staged groups, what
+``--recompute-outputs`` does), Chen et al.'s checkpoints (boundaries recomputed once and kept)
+and everything between; the rewrite runs it as one segment per unit (:mod:`onnx_remat.remat.budget`).
+
+**Solvers.** :func:`solve` is an exact dynamic programme over the units in forward order whose
+state is ``S`` (bytes, in quanta of ``quantum``; sizes rounded up, the budget down, so a plan it
+returns fits the model): O(n x (options + G^2) x B/quantum) for groups of at most G units, and
+``rot`` tables are shared by every group ending at the same unit. It is used because the
+structure *is* a chain (nested lifetimes make the constraints prefix sums) and it is linear in the
+chain length (a 20,000-node graph plans in a second). :func:`solve_milp` states the same model as
+a 0-1 integer programme, one column per unit option and per group with each distinct rotor
+schedule, solved by HiGHS (``scipy.optimize.milp``); it is the reference the tests check the
+dynamic programme against, and the formulation to extend where units' lifetimes do not nest
+(constraints are then per step rather than prefix sums).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+INF = float("inf")
+
+
+@dataclass
+class UnitSpec:
+    """One unit of the chain model (bytes; costs in seconds)."""
+
+    fw_need: int
+    boundary: int
+    options: list[tuple[float, int, int]]  # (cost, need, kept) of each option on its own
+    joins_next: bool = False
+    layer: tuple[float, int, int] | None = None  # (cost, need, kept) of the whole-unit recompute
+    forward_cost: float = 0.0  # recompute of the unit's boundary from its input
+    advance: int = 0  # bytes alive inside the unit during that recompute (its boundary included)
+    event_ext: int = 0  # bytes alive (the units before excluded) when the backward reaches the unit
+
+
+@dataclass
+class Problem:
+    units: list[UnitSpec]
+    mid_need: int = 0
+    outside_need: int = 0
+    max_group: int = 12
+
+
+@dataclass
+class Event:
+    """One recompute of a group's schedule, run when the backward pass reaches ``unit``: forward from
+    the boundary of ``start`` (``start == unit - 1`` and ``from_clone`` False: a stored input), keep
+    the boundaries of ``holds``, then recompute ``unit`` itself."""
+
+    unit: int
+    start: int
+    from_clone: bool
+    holds: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Choice:
+    """What the solution does with units ``first..last``: ``option`` (an index into the unit's
+    options) for one unit on its own, or a group with its schedule ``events`` (``option`` None)."""
+
+    first: int
+    last: int
+    option: int | None = None
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class Solution:
+    cost: float
+    choices: list[Choice]
+    stored: int  # bytes kept past the forward pass (model), in quanta
+    budget: int
+
+    def option_of(self, unit: int) -> int | None:
+        for c in self.choices:
+            if c.first <= unit <= c.last:
+                return c.option
+        return None
+
+
+def _q(x: int, quantum: int) -> int:
+    return -(-int(x) // quantum)  # up
+
+
+class _Tables:
+    """Rotor tables ``rot(a, b)`` over headroom 0..K (quanta), computed on demand and cached."""
+
+    def __init__(self, units: list[UnitSpec], quantum: int, K: int):
+        self.u = units
+        self.q = quantum
+        self.K = K
+        self.cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self.b = [_q(u.boundary, quantum) for u in units]
+        self.F = np.cumsum([0.0] + [u.forward_cost for u in units])
+
+    def get(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """(cost over M, best split over M (-1: base case))."""
+        key = (a, b)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        K = self.K
+        M = np.arange(K + 1)
+        if a == b:
+            cost, need, _ = self.u[a].layer  # type: ignore[misc]
+            val = np.where(_q(need, self.q) <= M, cost, INF)
+            split = np.full(K + 1, -1, dtype=np.int32)
+        else:
+            val = np.full(K + 1, INF)
+            split = np.full(K + 1, -1, dtype=np.int32)
+            ev = _q(self.u[b].event_ext, self.q)
+            adv = 0
+            for s in range(a, b):
+                step = _q(self.u[s].advance, self.q) + (self.b[s - 1] if s > a else 0)
+                adv = max(adv, step)
+                need = max(ev + adv, self.b[s])
+                if need > K:
+                    break
+                right, _ = self.get(s + 1, b)
+                left, _ = self.get(a, s)
+                cand = np.full(K + 1, INF)
+                lo = need
+                # M - b_s indexes right; M indexes left
+                cand[lo:] = (self.F[s + 1] - self.F[a]) + right[lo - self.b[s] : K + 1 - self.b[s]] + left[lo:]
+                better = cand < val
+                val = np.where(better, cand, val)
+                split = np.where(better, s, split)
+        self.cache[key] = (val, split)
+        return val, split
+
+    def events(self, a: int, b: int, M: int, from_clone: bool) -> list[Event]:
+        """The schedule behind ``rot(a, b, M)``, in the order the backward pass runs it."""
+        _, split = self.get(a, b)
+        s = int(split[M])
+        if a == b or s < 0:
+            return [Event(unit=b, start=a - 1, from_clone=from_clone)]
+        right = self.events(s + 1, b, M - self.b[s], True)
+        first = right[0]  # the event at unit b: it now starts at a - 1 and keeps o_s on the way
+        first.start, first.from_clone = a - 1, from_clone
+        first.holds = [s, *first.holds]
+        return right + self.events(a, s, M, from_clone)
+
+
+def quantum_for(budget: int, steps: int = 2048) -> int:
+    """A memory quantum giving about ``steps`` levels up to ``budget`` (at least 256 bytes)."""
+    return max(256, math.ceil(budget / steps / 256) * 256)
+
+
+def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution | None:
+    """The cheapest plan fitting ``budget`` bytes in the model, or None when none does."""
+    if problem.outside_need > budget:
+        return None
+    q = quantum or quantum_for(budget)
+    K = budget // q
+    units = problem.units
+    n = len(units)
+    tables = _Tables(units, q, K)
+    b = tables.b
+    best = [np.full(K + 1, INF) for _ in range(n + 1)]
+    best[0][0] = 0.0
+    code = [np.full(K + 1, -(10**9), dtype=np.int64) for _ in range(n + 1)]
+    prev = [np.full(K + 1, -1, dtype=np.int64) for _ in range(n + 1)]
+
+    def relax(k_to: int, src: np.ndarray, add: int, lim: int, cost: np.ndarray | float, c: int) -> None:
+        """best[k_to][S + add] <- src[S] + cost for 0 <= S <= lim."""
+        hi = min(lim, K - add)
+        if hi < 0:
+            return
+        cand = src[: hi + 1] + (cost[: hi + 1] if isinstance(cost, np.ndarray) else cost)
+        dst = best[k_to][add : add + hi + 1]
+        better = cand < dst
+        if not better.any():
+            return
+        best[k_to][add : add + hi + 1] = np.where(better, cand, dst)
+        code[k_to][add : add + hi + 1] = np.where(better, c, code[k_to][add : add + hi + 1])
+        prev[k_to][add : add + hi + 1] = np.where(better, np.arange(hi + 1), prev[k_to][add : add + hi + 1])
+
+    kept_run = [_q(u.layer[2], q) if u.layer else 0 for u in units]
+    for k, u in enumerate(units):
+        fw = _q(u.fw_need, q)
+        for oi, (cost, need, kept) in enumerate(u.options):
+            lim = K - max(fw, _q(need, q))
+            relax(k + 1, best[k], _q(kept, q) + b[k], lim, float(cost), oi)
+        if u.layer is None:
+            continue
+        # groups a..k
+        sig = 0
+        fw_lim = K
+        a = k
+        while a > 0 and k - a + 1 < problem.max_group and units[a - 1].joins_next and units[a - 1].layer:
+            a -= 1
+            # group a..k: forward needs, kept bytes
+            sig = sum(kept_run[a : k + 1])
+            fw_lim = K
+            run = 0
+            for m in range(a, k + 1):
+                need_m = _q(units[m].fw_need, q) + run + (b[m - 1] if m > a else 0)
+                fw_lim = min(fw_lim, K - need_m)
+                run += kept_run[m]
+            rot, _ = tables.get(a, k)
+            hi = min(fw_lim, K - sig)
+            if hi < 0:
+                continue
+            # M = K - S - sig for S = 0..hi
+            costs = rot[K - sig - np.arange(hi + 1)]
+            relax(k + 1, best[a], sig + b[k], hi, costs, -(a + 1))
+    final = best[n]
+    lim = K - _q(problem.mid_need, q)
+    if lim < 0 or not np.isfinite(final[: lim + 1]).any():
+        return None
+    S = int(np.argmin(final[: lim + 1]))
+    cost = float(final[S])
+    choices: list[Choice] = []
+    k = n
+    while k > 0:
+        c = int(code[k][S])
+        p = int(prev[k][S])
+        if c >= 0:
+            choices.append(Choice(k - 1, k - 1, option=c))
+            S, k = p, k - 1
+        else:
+            a = -c - 1
+            sig = sum(kept_run[a:k])
+            M = K - p - sig
+            choices.append(Choice(a, k - 1, events=tables.events(a, k - 1, M, False)))
+            S, k = p, a
+    choices.reverse()
+    return Solution(cost=cost, choices=choices, stored=int(np.argmin(final[: lim + 1])), budget=budget)
+
+
+def feasible(problem: Problem, budget: int, quantum: int | None = None) -> bool:
+    return solve(problem, budget, quantum) is not None
+
+
+def min_budget(problem: Problem, lo: int, hi: int, tolerance: int | None = None) -> int | None:
+    """The least budget in ``[lo, hi]`` (to ``tolerance`` bytes) the model finds a plan for."""
+    if not feasible(problem, hi):
+        return None
+    tol = tolerance or max(hi // 512, 4096)
+    while hi - lo > tol:
+        mid = (lo + hi) // 2
+        if feasible(problem, mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def predict(problem: Problem, sol: Solution) -> dict[str, tuple[int, tuple]]:
+    """The model's bytes per slot (``fw:k``, ``bw:k``, ``mid``) for ``sol``, unrounded (what the
+    solver checked against the budget), each with the key of the figure that decided it:
+    ``("fw", k)``, ``("bw", k, option)`` (option -1: the unit's recompute inside a group),
+    ``("adv", k)`` (a group's forward recompute when the backward reaches k) or ``("mid",)``."""
+    units = problem.units
+    out: dict[str, tuple[int, tuple]] = {}
+    S = 0
+    for c in sol.choices:
+        if c.option is not None:
+            k = c.first
+            u = units[k]
+            _, need, unit_kept = u.options[c.option]
+            out[f"fw:{k}"] = (S + u.fw_need, ("fw", k))
+            out[f"bw:{k}"] = (S + need, ("bw", k, c.option))
+            S += unit_kept + u.boundary
+            continue
+        a, b = c.first, c.last
+        kept = [units[m].layer[2] for m in range(a, b + 1)]  # type: ignore[index]
+        sig = sum(kept)
+        run = 0
+        for m in range(a, b + 1):
+            out[f"fw:{m}"] = (S + units[m].fw_need + run + (units[m - 1].boundary if m > a else 0), ("fw", m))
+            run += kept[m - a]
+        held: dict[int, int] = {}  # boundary of unit h -> bytes, while alive
+        for ev in c.events:
+            m = ev.unit
+            held = {h: v for h, v in held.items() if h < m}
+            base = S + sig + sum(held.values())
+            adv = 0
+            kept_now = 0  # the advance from ev.start through m - 1 keeps ev.holds on the way
+            for i in range(ev.start + 1, m):
+                step = units[i].advance + (units[i - 1].boundary if i > ev.start + 1 else 0)
+                adv = max(adv, kept_now + step)
+                if i in ev.holds:
+                    kept_now += units[i].boundary
+            for h in ev.holds:
+                held[h] = units[h].boundary
+            need = S + sig + sum(v for h, v in held.items() if h < m) + units[m].layer[1]  # type: ignore[index]
+            event = base + units[m].event_ext + adv if m > ev.start + 1 else -1
+            out[f"bw:{m}"] = (event, ("adv", m)) if event > need else (need, ("bw", m, -1))
+        S += sig + units[b].boundary
+    out["mid"] = (S + problem.mid_need, ("mid",))
+    return out
