@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
-from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model
+from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
@@ -178,12 +178,25 @@ def to_problem(model: BudgetModel, max_group: int = 12, fix: dict | None = None)
     specs = []
     for u in model.units:
         k = u.index
-        opts = [(o.cost, o.need(u) + fix.get(("bw", k, i), 0), o.kept) for i, o in enumerate(u.options)]
+        opts = [
+            (o.cost, o.need(u) + fix.get(("bw", k, i), 0), o.kept + fix.get(("kept", k, i), 0))
+            for i, o in enumerate(u.options)
+        ]
         layer = u.option(LAYER)
         layer_spec = None
+        input_extra = 0
+        first_need = last_need = None
         if layer is not None:
             single = fix.get(("bw", k, u.options.index(layer)), 0)
-            layer_spec = (layer.cost, layer.need(u) + fix.get(("bw", k, -1), single), layer.kept)
+            # inside a group the unit's input is the previous unit's boundary, held by the group's
+            # schedule: what the unit alone keeps alive for it does not count here
+            prev = model.units[k - 1] if k > 0 and model.units[k - 1].joins_next else None
+            input_extra = min(layer.extra, prev.hold_bytes) if prev is not None else 0
+            kept = layer.kept - input_extra + fix.get(("gkept", k), fix.get(("kept", k, u.options.index(layer)), 0))
+            inner = fix.get(("bw", k, -1), single)
+            layer_spec = (layer.cost, layer.need(u) + inner, kept)
+            first_need = layer.need(u) + fix.get(("bw", k, -2), inner)
+            last_need = layer.need(u) + fix.get(("bw", k, -3), inner)
         specs.append(
             UnitSpec(
                 fw_need=u.fw_need + fix.get(("fw", k), 0),
@@ -194,6 +207,10 @@ def to_problem(model: BudgetModel, max_group: int = 12, fix: dict | None = None)
                 forward_cost=u.forward_cost,
                 advance=u.advance,
                 event_ext=u.event_ext + fix.get(("adv", k), 0),
+                hold=u.hold_bytes,
+                input_extra=input_extra if layer is not None else 0,
+                first_need=first_need,
+                last_need=last_need,
             )
         )
     return Problem(
@@ -237,13 +254,13 @@ class BudgetPlanner:
         self.fix: dict[tuple, int] = {}  # corrections learnt from exact estimates (see learn())
         self.dropout = dropout
         self._order = list(self.baseline.order_names)
-        self.fragmentation = 0  # planned peak minus live peak seen in exact estimates
         _est, mplan, rg = self.baseline_parts
         self._base_step: dict[str, int] = {}
         for k, i in enumerate(mplan.order):
             for name in rg.at(i).origin:
                 self._base_step.setdefault(name, k)
         self._references: list[BudgetPlan] | None = None
+        self._reference_fix: dict[tuple, int] = {}
         self._floor: BudgetPlan | None = None
 
     @property
@@ -373,6 +390,7 @@ class BudgetPlanner:
                         self.learn(bp)
                     refs.append(bp)
             self._references = refs
+            self._reference_fix = dict(self.fix)
         return self._references
 
     def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
@@ -415,8 +433,9 @@ class BudgetPlanner:
                 continue
             for name in [rs.barrier or "", *rs.clones, *getattr(rs, "unpacked", [])]:
                 owner_of[name] = k
-        observed: dict[str, int] = {}
-        slot = "pre"
+        observed: dict = {}
+        slot = peak_slot = "pre"
+        mid_step = None
         for k, i in enumerate(mplan.order):
             origin = rg.at(i).origin
             mine = [owner_of[o] for o in origin if o in owner_of]
@@ -429,31 +448,63 @@ class BudgetPlanner:
             live = int(mplan.live_bytes[k])
             if live > observed.get(slot, -1):
                 observed[slot] = live
-        observed["_fragmentation"] = int(est.planned_peak_bytes - est.peak_live_bytes)
+            if slot == "mid" and mid_step is None:
+                mid_step = k
+            if k == mplan.block_peak_step:
+                peak_slot = slot
+        # onnxruntime's block reaches its final size (the planned peak) in one slot: fragmentation
+        # (free gaps too small to reuse) counts there, so the model learns the planned peak itself
+        observed[peak_slot] = max(observed.get(peak_slot, 0), int(est.planned_peak_bytes))
+        if mid_step is not None:
+            held: dict[int, int] = {}
+            for unit, start, end, size in holdings(mplan, self.model.unit_of_tensor):
+                if start <= mid_step <= end:
+                    held[unit] = held.get(unit, 0) + size
+            observed["_held"] = held
         return observed
 
-    def learn(self, bp: BudgetPlan) -> None:
+    def learn(self, bp: BudgetPlan, *, raise_only: bool = False) -> None:
         """Correct the model where it was off for this plan: per slot, the exact estimate's live
         bytes minus the model's, added to the figure that decided the slot (repeated while another
         figure of the slot takes over). The latest plan's figures win: the model is local."""
         if bp.solution is None or not bp.observed:
             return
+        held = bp.observed.get("_held")
+        if held is not None:
+            # what each unit stores past the forward pass, read off the rewrite's estimate
+            problem = self.problem
+            for c in bp.solution.choices:
+                for k in range(c.first, c.last + 1):
+                    spec = problem.units[k]
+                    if c.option is not None:
+                        key: tuple = ("kept", k, c.option)
+                        model = spec.options[c.option][2] + spec.boundary
+                    else:
+                        key = ("gkept", k)
+                        model = spec.layer[2] + (spec.boundary if k == c.last else 0)  # type: ignore[index]
+                        model += spec.input_extra if k == c.first else 0
+                        if key not in self.fix:
+                            layer = self.units[k].option(LAYER)
+                            self.fix[key] = self.fix.get(("kept", k, self.units[k].options.index(layer)), 0)  # type: ignore[arg-type]
+                    if not raise_only or held.get(k, 0) > model:
+                        self.fix[key] = self.fix.get(key, 0) + held.get(k, 0) - model
         for _ in range(4):
             changed = False
             for slot, (value, key) in predict(self.problem, bp.solution).items():
                 seen = bp.observed.get(slot)
                 if seen is None or seen == value:
                     continue
-                if key[0] == "bw" and key[2] == -1 and key not in self.fix:
+                if raise_only and seen < value:
+                    continue
+                if key[0] == "bw" and key[2] < 0 and key not in self.fix:
                     u = self.units[key[1]]
                     layer = u.option(LAYER)
-                    if layer is not None:
-                        self.fix[key] = self.fix.get(("bw", key[1], u.options.index(layer)), 0)
+                    single = self.fix.get(("bw", key[1], u.options.index(layer)), 0) if layer is not None else 0
+                    self.fix[key] = self.fix.get(("bw", key[1], -1), single) if key[2] < -1 else single
                 self.fix[key] = self.fix.get(key, 0) + (seen - value)
                 changed = True
             if not changed:
                 break
-        self.fragmentation = max(self.fragmentation, bp.observed.get("_fragmentation", 0))
 
     def _reference_solution(self, merged: bool) -> Solution | None:
         """The reference plan as a solution of the model (to learn from its estimate)."""
@@ -507,10 +558,13 @@ class BudgetPlanner:
                 [f"the unrewritten graph fits: planned peak {format_bytes(base)} <= {format_bytes(budget)}"],
             )
         refs = self.references()  # also teaches the model where it is off for whole-layer recompute
+        # every budget starts from what the reference plans taught (so a plan does not depend on
+        # the budgets planned before it), then learns from its own rounds
+        self.fix = dict(self._reference_fix)
         best: BudgetPlan | None = None
         seen: set[str] = set()
         for _ in range(MAX_ROUNDS):
-            model_budget = budget - self.fragmentation
+            model_budget = budget
             sol = self._solve(model_budget)
             if sol is None:
                 attempts.append(Attempt(model_budget, None, None, False))
@@ -521,7 +575,9 @@ class BudgetPlanner:
             seen.add(key)
             bp = self.realize(sol)
             bp.model_budget = model_budget
-            self.learn(bp)
+            # what plans teach only makes the model more careful: corrections learnt in one context
+            # (a unit on its own) would otherwise be undone in another (the same unit in a group)
+            self.learn(bp, raise_only=True)
             fits = bp.peak <= budget
             attempts.append(Attempt(model_budget, bp.peak, bp.cost, fits))
             if progress:

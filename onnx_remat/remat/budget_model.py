@@ -72,6 +72,7 @@ class Option:
     released: int  # stored bytes the option releases (net of what it keeps for its recompute)
     targets: int = 0  # bytes of the unit's stored tensors its clones replace
     peak: int = 0  # bytes its recompute allocates at most while it runs (targets included)
+    extra: int = 0  # of ``kept``, inputs it keeps alive for its recompute that are not stored anyway
 
     def event_need(self, unit: Unit) -> int:
         """Bytes alive (the units before excluded) while this option's recompute runs."""
@@ -94,7 +95,8 @@ class Unit:
     stored: list[gs.Tensor]  # stashed tensors produced here
     boundary: list[gs.Tensor]  # stored tensors later units read in the forward pass
     stored_bytes: int
-    boundary_bytes: int
+    boundary_bytes: int  # of the boundary, what the unit stores for the backward pass anyway
+    hold_bytes: int  # the whole boundary: what a rotor group holds when it recomputes it
     options: list[Option] = field(default_factory=list)
     chain: int | None = None  # index of its repeated-layer chain
     joins_next: bool = False  # may be recomputed together with the next unit (rotor groups)
@@ -129,6 +131,7 @@ class BudgetModel:
     mid_need: int  # max over the mid slot of L'(t) (no unit of its own)
     outside_need: int  # max over pre / post slots of L(t) minus what units hold
     slots: list[str]  # per baseline step: "pre", "fw:k", "mid", "bw:k", "post"
+    unit_of_tensor: dict[str, int] = field(default_factory=dict)  # forward tensor -> unit producing it
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -267,6 +270,31 @@ def recompute_peak(nodes: list[gs.Node], nbytes, keep: set[str]) -> int:
     return peak
 
 
+def holdings(plan, unit_of_tensor: dict[str, int]):
+    """``(unit, first step, last step, bytes)`` for every stretch in which a tensor of a unit holds
+    a buffer of onnxruntime's planned block (a buffer reused by another tensor, or taken over in
+    place, changes holder; it is held until the plan releases it)."""
+    steps = len(plan.order)
+    holders: dict[str, list[tuple[int, str]]] = {}
+    for name, tp in plan.tensors.items():
+        if tp.alloc_step is None or tp.kind not in ("allocate", "reuse", "inplace"):
+            continue
+        owner = plan.tensors.get(tp.buffer)
+        if owner is None or not owner.planned or owner.kind != "allocate":
+            continue
+        holders.setdefault(tp.buffer, []).append((tp.alloc_step, name))
+    for buf, hs in holders.items():
+        owner = plan.tensors[buf]
+        size = align(owner.nbytes or 0)
+        end_buf = owner.release_step if owner.release_step is not None else steps - 1
+        hs.sort()
+        for j, (start, name) in enumerate(hs):
+            end = hs[j + 1][0] - 1 if j + 1 < len(hs) else end_buf
+            unit = unit_of_tensor.get(name)
+            if end >= start and unit is not None:
+                yield unit, start, end, size
+
+
 class _Builder:
     def __init__(self, analysis: ModelAnalysis, costs: NodeCosts, baseline, plan, rg, dropout: str | None):
         self.a = analysis
@@ -313,7 +341,14 @@ class _Builder:
         for k, (s, nodes) in enumerate(built):
             stored = [t for n in nodes for t in n.outputs if t.name in self.stashed]
             inside = {id(n) for n in nodes}
-            boundary = [t for t in stored if any(self.tg.is_forward(c) and id(c) not in inside for c in t.outputs)]
+            # what later units read: usually stored for the backward pass too (a block's output),
+            # but not always (a dynamo export stores the next block's transpose of it instead)
+            boundary = [
+                t
+                for n in nodes
+                for t in n.outputs
+                if t.name and any(self.tg.is_forward(c) and id(c) not in inside for c in t.outputs)
+            ]
             units.append(
                 Unit(
                     index=k,
@@ -322,7 +357,8 @@ class _Builder:
                     stored=stored,
                     boundary=boundary,
                     stored_bytes=sum(self.rt_bytes(t.name) for t in stored),
-                    boundary_bytes=sum(self.rt_bytes(t.name) for t in boundary),
+                    boundary_bytes=sum(self.rt_bytes(t.name) for t in boundary if t.name in self.stashed),
+                    hold_bytes=sum(align(self.a.sizes.nbytes(t.name) or 0) for t in boundary),
                     chain=chain_of.get(id(s)),
                 )
             )
@@ -380,7 +416,7 @@ class _Builder:
         kept = unit.stored_bytes - unit.boundary_bytes - released_bytes + masks + extra
         cost = sum(self.costs.recompute_sum(s.recompute) for s in segments)
         peak = sum(recompute_peak(s.recompute, self.rt_bytes, {t.name for t in s.targets}) for s in segments)
-        return Option(kind, segments, cost, max(kept, 0), released_bytes - masks - extra, released_bytes, peak)
+        return Option(kind, segments, cost, max(kept, 0), released_bytes - masks - extra, released_bytes, peak, extra)
 
     def options(self, unit: Unit) -> None:
         p = self.planner
@@ -469,32 +505,13 @@ class _Builder:
                 for t in n.outputs:
                     if t.name:
                         unit_of_tensor[t.name] = u.index
-        # holders of planned buffers: which tensor holds each buffer from when
-        holders: dict[str, list[tuple[int, str]]] = {}
-        for name, tp in plan.tensors.items():
-            if tp.alloc_step is None or tp.kind not in ("allocate", "reuse", "inplace", "alias"):
-                continue
-            owner = plan.tensors.get(tp.buffer)
-            if owner is None or not owner.planned or owner.kind != "allocate":
-                continue
-            holders.setdefault(tp.buffer, []).append((tp.alloc_step, name))
+        self.unit_of_tensor = unit_of_tensor
         all_units = np.zeros(steps + 1, dtype=np.int64)
         per_unit: dict[int, list[tuple[int, int, int]]] = {}
-        for buf, hs in holders.items():
-            owner = plan.tensors[buf]
-            size = align(owner.nbytes or 0)
-            end_buf = owner.release_step if owner.release_step is not None else steps - 1
-            hs.sort()
-            for j, (start, name) in enumerate(hs):
-                end = hs[j + 1][0] - 1 if j + 1 < len(hs) else end_buf
-                if end < start:
-                    continue
-                owner_unit = unit_of_tensor.get(name)
-                if owner_unit is None:
-                    continue
-                all_units[start] += size
-                all_units[end + 1] -= size
-                per_unit.setdefault(owner_unit, []).append((start, end, size))
+        for owner_unit, start, end, size in holdings(plan, unit_of_tensor):
+            all_units[start] += size
+            all_units[end + 1] -= size
+            per_unit.setdefault(owner_unit, []).append((start, end, size))
         held = np.cumsum(all_units)[:steps]
         # slots
         fw_start: list[int | None] = []
@@ -633,5 +650,6 @@ def build_model(
         mid_need=int(ext[np.asarray(mid)].max()) if mid else 0,
         outside_need=int(live[np.asarray(outside)].max()) if outside else 0,
         slots=slots,
+        unit_of_tensor=b.unit_of_tensor,
         notes=b.notes,
     )

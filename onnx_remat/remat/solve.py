@@ -53,13 +53,22 @@ class UnitSpec:
     """One unit of the chain model (bytes; costs in seconds)."""
 
     fw_need: int
-    boundary: int
+    boundary: int  # bytes of its boundary stored when the unit ends a group or stands alone
     options: list[tuple[float, int, int]]  # (cost, need, kept) of each option on its own
     joins_next: bool = False
     layer: tuple[float, int, int] | None = None  # (cost, need, kept) of the whole-unit recompute
     forward_cost: float = 0.0  # recompute of the unit's boundary from its input
     advance: int = 0  # bytes alive inside the unit during that recompute (its boundary included)
     event_ext: int = 0  # bytes alive (the units before excluded) when the backward reaches the unit
+    hold: int = -1  # bytes of its boundary when a rotor group recomputes and holds it (-1: boundary)
+    first_need: int | None = None  # ``need`` of its whole-unit recompute when a group starts here
+    last_need: int | None = None  # ... when a group ends here
+    input_extra: int = 0  # bytes kept alive to store its input when a group starts here (an input
+    # not stored for the backward pass anyway, e.g. a block output only its successor's transpose stores)
+
+    @property
+    def held(self) -> int:
+        return self.boundary if self.hold < 0 else self.hold
 
 
 @dataclass
@@ -108,48 +117,58 @@ class Solution:
 
 
 def _q(x: int, quantum: int) -> int:
-    return -(-int(x) // quantum)  # up
+    # to the nearest quantum: the model is checked exactly afterwards, and rounding every figure
+    # up would make a plan that fits exactly look over the budget
+    return (int(x) + quantum // 2) // quantum
 
 
 class _Tables:
-    """Rotor tables ``rot(a, b)`` over headroom 0..K (quanta), computed on demand and cached."""
+    """Rotor tables ``rot(a, b)`` over the absolute headroom ``H`` (quanta), computed on demand.
+
+    ``H`` is the budget minus what the units before the group keep, plus ``P[a]``: the kept bytes
+    of the units before ``a`` counted from the chain's start (``P``), so that one table serves
+    every group containing ``a..b`` (a unit's backward sees the kept bytes of the group's units
+    before it: ``P[m] - P[group start]``)."""
 
     def __init__(self, units: list[UnitSpec], quantum: int, K: int):
         self.u = units
         self.q = quantum
-        self.K = K
-        self.cache: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
-        self.b = [_q(u.boundary, quantum) for u in units]
+        self.b = [_q(u.held, quantum) for u in units]
         self.F = np.cumsum([0.0] + [u.forward_cost for u in units])
+        kept = [_q(u.layer[2], quantum) if u.layer else 0 for u in units]
+        self.P = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
+        self.K = K + int(self.P[-1])
+        self.cache: dict[tuple[int, int, bool, bool], tuple[np.ndarray, np.ndarray]] = {}
 
-    def get(self, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """(cost over M, best split over M (-1: base case))."""
-        key = (a, b)
+    def get(self, a: int, b: int, start: bool = True, end: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(cost over H, best split over H (-1: base case)); ``start``: ``a`` starts the group (its
+        input is stored, not held); ``end``: ``b`` ends it (the unit after it is not in the group)."""
+        key = (a, b, start, end)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
         K = self.K
-        M = np.arange(K + 1)
+        H = np.arange(K + 1)
         if a == b:
             cost, need, _ = self.u[a].layer  # type: ignore[misc]
-            val = np.where(_q(need, self.q) <= M, cost, INF)
+            need = _role_need(self.u[a], start, end, need)
+            val = np.where(_q(need, self.q) + int(self.P[a]) <= H, cost, INF)
             split = np.full(K + 1, -1, dtype=np.int32)
         else:
             val = np.full(K + 1, INF)
             split = np.full(K + 1, -1, dtype=np.int32)
-            ev = _q(self.u[b].event_ext, self.q)
+            ev = _q(self.u[b].event_ext, self.q) + int(self.P[b])
             adv = 0
             for s in range(a, b):
                 step = _q(self.u[s].advance, self.q) + (self.b[s - 1] if s > a else 0)
                 adv = max(adv, step)
-                need = max(ev + adv, self.b[s])
-                if need > K:
+                lo = max(ev + adv, self.b[s], 0)
+                if lo > K:
                     break
-                right, _ = self.get(s + 1, b)
-                left, _ = self.get(a, s)
+                right, _ = self.get(s + 1, b, False, end)
+                left, _ = self.get(a, s, start, False)
                 cand = np.full(K + 1, INF)
-                lo = need
-                # M - b_s indexes right; M indexes left
+                # H - o_s indexes right (o_s is held while s+1..b run); H indexes left
                 cand[lo:] = (self.F[s + 1] - self.F[a]) + right[lo - self.b[s] : K + 1 - self.b[s]] + left[lo:]
                 better = cand < val
                 val = np.where(better, cand, val)
@@ -157,17 +176,30 @@ class _Tables:
         self.cache[key] = (val, split)
         return val, split
 
-    def events(self, a: int, b: int, M: int, from_clone: bool) -> list[Event]:
-        """The schedule behind ``rot(a, b, M)``, in the order the backward pass runs it."""
-        _, split = self.get(a, b)
-        s = int(split[M])
+    def events(self, a: int, b: int, H: int, from_clone: bool, start: bool = True, end: bool = True) -> list[Event]:
+        """The schedule behind ``rot(a, b, H)``, in the order the backward pass runs it."""
+        _, split = self.get(a, b, start, end)
+        s = int(split[H])
         if a == b or s < 0:
             return [Event(unit=b, start=a - 1, from_clone=from_clone)]
-        right = self.events(s + 1, b, M - self.b[s], True)
+        right = self.events(s + 1, b, H - self.b[s], True, False, end)
         first = right[0]  # the event at unit b: it now starts at a - 1 and keeps o_s on the way
         first.start, first.from_clone = a - 1, from_clone
         first.holds = [s, *first.holds]
-        return right + self.events(a, s, M, from_clone)
+        return right + self.events(a, s, H, from_clone, start, False)
+
+
+def _role_need(u: UnitSpec, start: bool, end: bool, need: int) -> int:
+    if start and u.first_need is not None:
+        return u.first_need
+    if end and u.last_need is not None:
+        return u.last_need
+    return need
+
+
+def role_key(m: int, a: int, b: int) -> int:
+    """The key of a group unit's need by its place: -2 first, -3 last, -1 between."""
+    return -2 if m == a else (-3 if m == b else -1)
 
 
 def quantum_for(budget: int, steps: int = 2048) -> int:
@@ -184,7 +216,8 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
     units = problem.units
     n = len(units)
     tables = _Tables(units, q, K)
-    b = tables.b
+    b = [_q(u.boundary, q) for u in units]
+    hb = tables.b
     best = [np.full(K + 1, INF) for _ in range(n + 1)]
     best[0][0] = 0.0
     code = [np.full(K + 1, -(10**9), dtype=np.int64) for _ in range(n + 1)]
@@ -219,19 +252,20 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
         while a > 0 and k - a + 1 < problem.max_group and units[a - 1].joins_next and units[a - 1].layer:
             a -= 1
             # group a..k: forward needs, kept bytes
-            sig = sum(kept_run[a : k + 1])
+            extra = _q(units[a].input_extra, q)
+            sig = sum(kept_run[a : k + 1]) + extra
             fw_lim = K
-            run = 0
+            run = extra
             for m in range(a, k + 1):
-                need_m = _q(units[m].fw_need, q) + run + (b[m - 1] if m > a else 0)
+                need_m = _q(units[m].fw_need, q) + run + (hb[m - 1] if m > a else 0)
                 fw_lim = min(fw_lim, K - need_m)
                 run += kept_run[m]
             rot, _ = tables.get(a, k)
             hi = min(fw_lim, K - sig)
             if hi < 0:
                 continue
-            # M = K - S - sig for S = 0..hi
-            costs = rot[K - sig - np.arange(hi + 1)]
+            # H = K - S - extra + P[a] for S = 0..hi
+            costs = rot[K - extra + int(tables.P[a]) - np.arange(hi + 1)]
             relax(k + 1, best[a], sig + b[k], hi, costs, -(a + 1))
     final = best[n]
     lim = K - _q(problem.mid_need, q)
@@ -249,9 +283,8 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
             S, k = p, k - 1
         else:
             a = -c - 1
-            sig = sum(kept_run[a:k])
-            M = K - p - sig
-            choices.append(Choice(a, k - 1, events=tables.events(a, k - 1, M, False)))
+            H = K - p - _q(units[a].input_extra, q) + int(tables.P[a])
+            choices.append(Choice(a, k - 1, events=tables.events(a, k - 1, H, False)))
             S, k = p, a
     choices.reverse()
     return Solution(cost=cost, choices=choices, stored=int(np.argmin(final[: lim + 1])), budget=budget)
@@ -294,28 +327,32 @@ def predict(problem: Problem, sol: Solution) -> dict[str, tuple[int, tuple]]:
             continue
         a, b = c.first, c.last
         kept = [units[m].layer[2] for m in range(a, b + 1)]  # type: ignore[index]
+        S += units[a].input_extra  # the group's input, stored
         sig = sum(kept)
         run = 0
         for m in range(a, b + 1):
-            out[f"fw:{m}"] = (S + units[m].fw_need + run + (units[m - 1].boundary if m > a else 0), ("fw", m))
+            out[f"fw:{m}"] = (S + units[m].fw_need + run + (units[m - 1].held if m > a else 0), ("fw", m))
             run += kept[m - a]
         held: dict[int, int] = {}  # boundary of unit h -> bytes, while alive
         for ev in c.events:
             m = ev.unit
             held = {h: v for h, v in held.items() if h < m}
-            base = S + sig + sum(held.values())
+            before = sum(kept[: m - a])  # the group's units before m keep theirs
+            base = S + before + sum(held.values())
             adv = 0
             kept_now = 0  # the advance from ev.start through m - 1 keeps ev.holds on the way
             for i in range(ev.start + 1, m):
-                step = units[i].advance + (units[i - 1].boundary if i > ev.start + 1 else 0)
+                step = units[i].advance + (units[i - 1].held if i > ev.start + 1 else 0)
                 adv = max(adv, kept_now + step)
                 if i in ev.holds:
-                    kept_now += units[i].boundary
+                    kept_now += units[i].held
             for h in ev.holds:
-                held[h] = units[h].boundary
-            need = S + sig + sum(v for h, v in held.items() if h < m) + units[m].layer[1]  # type: ignore[index]
+                held[h] = units[h].held
+            own = _role_need(units[m], m == a, m == b, units[m].layer[1])  # type: ignore[index]
+            need = S + before + sum(v for h, v in held.items() if h < m) + own
             event = base + units[m].event_ext + adv if m > ev.start + 1 else -1
-            out[f"bw:{m}"] = (event, ("adv", m)) if event > need else (need, ("bw", m, -1))
+            key = ("bw", m, role_key(m, a, b))
+            out[f"bw:{m}"] = (event, ("adv", m)) if event > need else (need, key)
         S += sig + units[b].boundary
     out["mid"] = (S + problem.mid_need, ("mid",))
     return out
