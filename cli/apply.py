@@ -17,12 +17,15 @@ from onnx_remat.cli.common import (
     selection_options,
     write_json,
 )
+from onnx_remat.cli.plan import budget_option, budget_options, budget_verdict, print_budget, resolve_profile
 from onnx_remat.units import format_bytes, format_ratio
 
 
 @click.command("apply")
 @model_argument
 @selection_options
+@budget_option
+@budget_options
 @dims_option
 @click.option(
     "-o",
@@ -55,6 +58,9 @@ def apply_cmd(
     op_types,
     nodes,
     recompute_outputs,
+    budget,
+    profile,
+    cost,
     dims,
     output,
     force,
@@ -74,6 +80,7 @@ def apply_cmd(
       onnx-remat apply models/artifacts/blocks10 --scope Block
       onnx-remat apply training_model.onnx --scope 'encoder.layer.*' -o remat.onnx
       onnx-remat apply training_model.onnx --op-type Softmax,Gelu
+      onnx-remat apply models/artifacts/blocks10 --budget 60MiB --measure
     """
     result = onnx_remat.apply(
         model,
@@ -83,12 +90,17 @@ def apply_cmd(
         recompute_outputs=recompute_outputs,
         dims=dims_from(dims),
         check_peak=estimate,
+        budget=budget,
+        profile=resolve_profile(model, cost, profile) if budget is not None else None,
     )
     written = result.save(output, force=force)
     summary = {**result.summary(), "output": str(written)}
     if not quiet:
-        print_apply_summary(result)
-        if estimate:
+        if result.budget is not None:
+            print_budget(result.budget)
+        if result.rewrite.segments:
+            print_apply_summary(result)
+        if estimate and result.rewrite.segments:
             summary["estimate"] = print_estimate(result)
     console.print(f"wrote {written}")
     if report is not None:
@@ -103,8 +115,13 @@ def apply_cmd(
             comparison = compare(model, written, dims=dims_from(dims) or None, progress=progress)
         print_comparison(console, comparison)
         summary["measure"] = comparison.to_json()
+        met = True
+        if result.budget is not None:
+            met, line = budget_verdict(comparison, result.budget.budget)
+            console.print(line if met else f"[red]{line}[/]")
+            summary["measure"]["budget_met"] = met
     write_json(summary, json_out)
-    if measure and not comparison.equal:
+    if measure and (not comparison.equal or not met):
         ctx.exit(1)
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
-from onnx_remat.errors import RematError
+from onnx_remat.errors import RematError, UsageError
 from onnx_remat.model_io import TRAINING_MODEL, save_model, write_artifacts
 from onnx_remat.ortsim.optimizer import execution_order
 from onnx_remat.ortsim.registry import check_runtime_support
@@ -31,6 +31,7 @@ from onnx_remat.units import format_bytes
 
 if TYPE_CHECKING:
     from onnx_remat.estimate import MemoryEstimate
+    from onnx_remat.remat.budget import BudgetResult
 
 
 @dataclass
@@ -49,6 +50,7 @@ class ApplyResult:
     notes: list[str] = field(default_factory=list)
     estimate_before: MemoryEstimate | None = None  # the original graph, when the peak was checked
     estimate_after: MemoryEstimate | None = None  # the rewrite
+    budget: BudgetResult | None = None  # how a memory budget was met (apply(..., budget=...))
 
     @property
     def released_bytes(self) -> int:
@@ -94,6 +96,7 @@ class ApplyResult:
             "notes": self.plan.notes + self.notes,
             "cloned_nodes": self.clone_count,
             "released_bytes": self.released_bytes,
+            **({"budget": self.budget.summary()} if self.budget is not None else {}),
         }
 
 
@@ -140,6 +143,8 @@ def apply(
     dims: dict[str, int] | None = None,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     check_peak: bool = True,
+    budget: int | str | None = None,
+    profile: str | os.PathLike | dict | None = None,
 ) -> ApplyResult:
     """Recompute the selected activations of a training graph; returns an :class:`ApplyResult`.
 
@@ -157,11 +162,23 @@ def apply(
     until the rewrite's estimated peak is no higher than the original's. Nothing is written:
     call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
     a selection that matches nothing, or one of which nothing can be recomputed.
+
+    ``budget`` (bytes, ``"60MiB"``, or ``"40%"`` of the unrewritten planned peak) replaces the
+    selection: onnx-remat chooses what to recompute so that the estimated planned peak fits, at the
+    least added compute (:mod:`onnx_remat.remat.budget`; ``profile``: per-node costs, see
+    :func:`onnx_remat.remat.cost.node_costs`). ``ApplyResult.budget`` says how; a budget below the
+    lowest reachable peak raises a RematError naming that peak.
     """
     from onnx_remat.estimate import estimate_original, estimate_rewritten
 
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
+    if budget is not None:
+        if any(_as_list(x) for x in (scopes, op_types)) or nodes or recompute_outputs:
+            raise UsageError("give a budget or a selection (scopes, op types, nodes), not both")
+        from onnx_remat.remat.budget import apply_budget
+
+        return apply_budget(analysis, budget, profile=profile)
     notes: list[str] = []
     before = None
     if check_peak:

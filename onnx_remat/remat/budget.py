@@ -623,13 +623,17 @@ class BudgetPlanner:
         return self._floor
 
     def sweep(self, budgets: list[int] | None = None, points: int = 8) -> Sweep:
-        """The trade-off curve: plans for ``budgets`` (default: ``points`` budgets evenly spaced
-        from the unrewritten peak down to the floor), the reference plans and the floor."""
+        """The trade-off curve: plans for ``budgets`` (default: ``points`` budgets from the
+        unrewritten peak down to the floor, closer together towards the floor, and the reference
+        plans' peaks), the reference plans and the floor."""
         floor = self.floor()
         base = self.baseline_peak
         if budgets is None:
+            # denser towards the floor, where the trade-offs are; plus the references' peaks
             hi, lo = base, floor.peak
-            budgets = sorted({int(lo + (hi - lo) * i / (points - 1)) for i in range(points)}, reverse=True)
+            grid = {int(lo + (hi - lo) * (i / (points - 1)) ** 2) for i in range(points)}
+            grid |= {r.peak for r in self.references() if lo <= r.peak <= hi}
+            budgets = sorted(grid, reverse=True)
         out = []
         for b in budgets:
             try:
@@ -637,3 +641,67 @@ class BudgetPlanner:
             except RematError:
                 out.append(SweepPoint(b, None))
         return Sweep(base, self.costs.total, out, self.references(), floor, self.costs.source)
+
+
+def parse_budget(budget: int | float | str, baseline_peak: int) -> int:
+    """Bytes of a budget given as bytes (int), a size (``"60MiB"``, ``"1.5GiB"``) or a share of the
+    unrewritten graph's planned peak (``"40%"``). Raises a one-line RematError otherwise."""
+    from onnx_remat.units import parse_size
+
+    if isinstance(budget, bool):
+        raise RematError(f"not a budget: {budget!r}")
+    if isinstance(budget, (int, float)):
+        value = int(budget)
+    else:
+        text = str(budget).strip()
+        if text.endswith("%"):
+            try:
+                share = float(text[:-1])
+            except ValueError:
+                raise RematError(f"not a budget: {budget!r} (examples: 60MiB, 40%)") from None
+            if not 0 < share <= 1000:
+                raise RematError(f"a budget share must be above 0%, got {budget!r}")
+            value = int(baseline_peak * share / 100)
+        else:
+            try:
+                value = parse_size(text)
+            except RematError:
+                raise RematError(f"not a budget: {budget!r} (examples: 60MiB, 40%)") from None
+    if value <= 0:
+        raise RematError(f"the budget must be positive, got {budget!r}")
+    return value
+
+
+def apply_budget(analysis: ModelAnalysis, budget: int | float | str, *, profile=None, dropout: str | None = None):
+    """:func:`onnx_remat.apply` with a budget: an :class:`~onnx_remat.ApplyResult` whose rewrite is
+    the chosen plan (the unrewritten graph when it fits already) and whose ``budget`` is the
+    :class:`BudgetResult`."""
+    from onnx_remat.ortsim.registry import check_runtime_support
+    from onnx_remat.remat.apply import ApplyResult
+
+    planner = BudgetPlanner(analysis, profile=profile, dropout=dropout)
+    limit = parse_budget(budget, planner.baseline_peak)
+    result = planner.plan(limit)
+    chosen = result.chosen
+    if chosen.rewrite is None or chosen.plan is None:
+        plan = RecomputePlan(segments=[], notes=list(result.notes))
+        rewrite = RewriteResult(model=analysis.model, segments=[])
+    else:
+        plan, rewrite = chosen.plan, chosen.rewrite
+        check_runtime_support(rewrite.model, "rewritten model")
+    notes = [
+        f"budget {format_bytes(limit)}: estimated planned peak {format_bytes(chosen.peak)} "
+        f"(unrewritten {format_bytes(result.baseline_peak)}), added compute {chosen.added:.1%} of a step "
+        f"({planner.costs.source} costs)",
+        *result.notes,
+    ]
+    return ApplyResult(
+        model=rewrite.model,
+        plan=plan,
+        rewrite=rewrite,
+        analysis=analysis,
+        notes=notes,
+        estimate_before=planner.baseline,
+        estimate_after=chosen.estimate,  # type: ignore[arg-type]
+        budget=result,
+    )

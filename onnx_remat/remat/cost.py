@@ -69,6 +69,7 @@ _OPS_PER_ELEMENT = {
     "Dropout": 40,  # the random draw
     "BitmaskDropout": 40,
 }
+FLOPS_SOURCE = "flops"
 PROFILE_SUFFIX = ".remat-profile.json"  # cached profile beside a training graph: <graph>.remat-profile.json
 _KERNEL_SUFFIX = "_kernel_time"
 _FUSION_SUFFIX = re.compile(r"(?:/[A-Za-z0-9]+Fusion/)+$")
@@ -249,10 +250,13 @@ def read_profile(path: str | os.PathLike) -> dict:
 
 def node_costs(analysis, profile: str | os.PathLike | dict | None = None) -> NodeCosts:
     """Per-node costs of the analysed training graph: from ``profile`` (a file as
-    :func:`read_profile` takes, or its dict) when given, else the cached profile beside the model
-    when there is one for this exact graph, else the FLOP estimate."""
+    :func:`read_profile` takes, or its dict) when given, ``"flops"`` for the FLOP estimate, else
+    the cached profile beside the model when there is one for this exact graph, else the FLOP
+    estimate."""
     nodes = analysis.graph.order
     data: dict | None = None
+    if profile == FLOPS_SOURCE:
+        return estimate_costs(nodes, analysis.sizes)
     if isinstance(profile, dict):
         data = profile
     elif profile is not None:

@@ -21,6 +21,7 @@ Cache format::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -30,7 +31,7 @@ import traceback
 from pathlib import Path
 
 from onnx_remat.errors import RematError, one_line
-from onnx_remat.model_io import load_model
+from onnx_remat.model_io import load_model, write_file
 from onnx_remat.remat.cost import cache_path, kernel_times, model_fingerprint
 from onnx_remat.runtime.inputs import prepare_feeds
 from onnx_remat.runtime.measure import run_worker, worker_env
@@ -88,12 +89,9 @@ def profile_costs(
         "kernels": result["kernels"],
     }
     if write_cache:
-        try:
-            tmp_path = cached.with_name(cached.name + ".tmp")
-            tmp_path.write_text(json.dumps(data, indent=1, sort_keys=True))
-            os.replace(tmp_path, cached)
-        except OSError:
-            pass  # a read-only model folder: the profile is still used, just not kept
+        # a read-only model folder: the profile is still used, just not kept
+        with contextlib.suppress(OSError, RematError):
+            write_file(cached, json.dumps(data, indent=1, sort_keys=True))
     return data
 
 
