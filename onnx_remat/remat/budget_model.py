@@ -160,16 +160,33 @@ def _unit_scopes(analysis: ModelAnalysis) -> tuple[list[Scope], dict[int, int]]:
     size = {id(s): len(s.all_nodes()) for s in tree.scopes()}
     size[id(tree.root)] = len(tree.root.all_nodes())
 
+    pos = analysis.graph.position
+
+    def chained(members: list[Scope]) -> bool:
+        """Each instance reads the one before it (a stack of layers, not, say, the three Linear
+        layers of one MLP with other modules between them)."""
+        ordered = sorted(members, key=lambda m: max(pos[id(n)] for n in m.all_nodes()))
+        for u, v in itertools.pairwise(ordered):
+            produced = {id(t) for n in u.all_nodes() for t in n.outputs}
+            if not any(id(t) in produced for n in v.all_nodes() for t in n.inputs):
+                return False
+        return True
+
     def main_group(scope: Scope) -> list[Scope]:
-        """The children of ``scope`` that are instances of one repeated layer covering most of it."""
+        """The children of ``scope`` that are chained instances of one repeated layer covering most of it."""
         by_group: dict[int, list[Scope]] = {}
         for c in scope.children:
-            if id(c) in group_of:
+            if id(c) in group_of and size.get(id(c)):
                 by_group.setdefault(group_of[id(c)], []).append(c)
         best: list[Scope] = []
         for members in by_group.values():
             total = sum(size[id(c)] for c in members)
-            if len(members) > 1 and total >= COVER * size[id(scope)] and total > sum(size[id(c)] for c in best):
+            if (
+                len(members) > 1
+                and total >= COVER * size[id(scope)]
+                and total > sum(size[id(c)] for c in best)
+                and chained(members)
+            ):
                 best = members
         return best
 

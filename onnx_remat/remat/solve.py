@@ -294,14 +294,16 @@ def feasible(problem: Problem, budget: int, quantum: int | None = None) -> bool:
     return solve(problem, budget, quantum) is not None
 
 
-def min_budget(problem: Problem, lo: int, hi: int, tolerance: int | None = None) -> int | None:
+def min_budget(
+    problem: Problem, lo: int, hi: int, tolerance: int | None = None, quantum: int | None = None
+) -> int | None:
     """The least budget in ``[lo, hi]`` (to ``tolerance`` bytes) the model finds a plan for."""
-    if not feasible(problem, hi):
+    if not feasible(problem, hi, quantum):
         return None
     tol = tolerance or max(hi // 512, 4096)
     while hi - lo > tol:
         mid = (lo + hi) // 2
-        if feasible(problem, mid):
+        if feasible(problem, mid, quantum):
             hi = mid
         else:
             lo = mid
@@ -356,3 +358,125 @@ def predict(problem: Problem, sol: Solution) -> dict[str, tuple[int, tuple]]:
         S += sig + units[b].boundary
     out["mid"] = (S + problem.mid_need, ("mid",))
     return out
+
+
+def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_limit: float = 60.0) -> Solution | None:
+    """The same model as :func:`solve`, as a 0-1 integer programme solved by HiGHS.
+
+    Columns: each unit option on its own, and each group ``a..b`` once per distinct rotor schedule
+    (the steps of ``rot(a, b, .)``: a schedule needs headroom ``H`` at least its step's). Rows: every
+    unit covered once; per unit the forward and backward constraints and per group its headroom,
+    each a sum over the columns of the units before it (the prefix structure stated, not solved for);
+    the mid constraint. The same quanta as :func:`solve`, so both find the same least cost.
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import coo_matrix
+
+    if problem.outside_need > budget:
+        return None
+    q = quantum or quantum_for(budget)
+    K = budget // q
+    units = problem.units
+    n = len(units)
+    tables = _Tables(units, q, K)
+    b = [_q(u.boundary, q) for u in units]
+    hb = tables.b
+    kept_run = [_q(u.layer[2], q) if u.layer else 0 for u in units]
+    # columns: (first, last, option | None, cost, stored after, kind data)
+    cols: list[dict] = []
+    for k, u in enumerate(units):
+        for i, (cost, need, kept) in enumerate(u.options):
+            cols.append({"a": k, "b": k, "opt": i, "cost": cost, "add": _q(kept, q) + b[k], "need": _q(need, q)})
+    for k, u in enumerate(units):
+        if u.layer is None:
+            continue
+        a = k
+        while a > 0 and k - a + 1 < problem.max_group and units[a - 1].joins_next and units[a - 1].layer:
+            a -= 1
+            extra = _q(units[a].input_extra, q)
+            sig = sum(kept_run[a : k + 1]) + extra
+            rot, _ = tables.get(a, k)
+            finite = np.isfinite(rot)
+            if not finite.any():
+                continue
+            # one column per step of rot: the least H giving each cost
+            H = int(np.argmax(finite))
+            last = None
+            while H < len(rot):
+                c = float(rot[H])
+                if last is None or c < last - 1e-15:
+                    cols.append(
+                        {"a": a, "b": k, "opt": None, "cost": c, "add": sig + b[k], "H": H, "extra": extra, "P": int(tables.P[a])}
+                    )
+                    last = c
+                nxt = np.nonzero(rot[H:] < c - 1e-15)[0]
+                if not len(nxt):
+                    break
+                H += int(nxt[0])
+    m = len(cols)
+    rows, cidx, vals, lo, hi = [], [], [], [], []
+    r = 0
+
+    def row(entries: list[tuple[int, float]], upper: float, lower: float = -np.inf) -> None:
+        nonlocal r
+        for j, v in entries:
+            rows.append(r)
+            cidx.append(j)
+            vals.append(v)
+        lo.append(lower)
+        hi.append(upper)
+        r += 1
+
+    def before(k: int) -> list[tuple[int, float]]:
+        return [(j, c["add"]) for j, c in enumerate(cols) if c["b"] < k]
+
+    for k in range(n):
+        row([(j, 1.0) for j, c in enumerate(cols) if c["a"] <= k <= c["b"]], 1.0, 1.0)  # covered once
+        # forward of unit k
+        inside = []
+        for j, c in enumerate(cols):
+            if c["opt"] is None and c["a"] <= k <= c["b"]:
+                run = c["extra"] + sum(kept_run[c["a"] : k]) + (hb[k - 1] if k > c["a"] else 0)
+                inside.append((j, float(run)))
+        row(before(k) + inside, K - _q(units[k].fw_need, q))
+        # backward of unit k on its own
+        own = [(j, float(c["need"])) for j, c in enumerate(cols) if c["opt"] is not None and c["a"] == k]
+        row(before(k) + own, K)
+    for j, c in enumerate(cols):  # a group's schedule needs its headroom: S_a <= K - extra + P[a] - H
+        if c["opt"] is None:
+            need = c["H"] + c["extra"] - c["P"]
+            if need > 0:
+                row(before(c["a"]) + [(j, float(need))], K)
+    row([(j, c["add"]) for j, c in enumerate(cols)], K - _q(problem.mid_need, q))
+    A = coo_matrix((vals, (rows, cidx)), shape=(r, m)).tocsr()
+    res = milp(
+        c=np.array([c["cost"] for c in cols]),
+        constraints=LinearConstraint(A, np.array(lo), np.array(hi)),
+        integrality=np.ones(m),
+        bounds=Bounds(0, 1),
+        options={"time_limit": time_limit, "mip_rel_gap": 0.0},
+    )
+    if res.x is None or res.status not in (0, 1):
+        return None
+    chosen = [cols[j] for j in range(m) if res.x[j] > 0.5]
+    choices: list[Choice] = []
+    for c in sorted(chosen, key=lambda c: c["a"]):
+        if c["opt"] is not None:
+            choices.append(Choice(c["a"], c["b"], option=c["opt"]))
+        else:
+            choices.append(Choice(c["a"], c["b"], events=tables.events(c["a"], c["b"], c["H"], False)))
+    return Solution(cost=float(res.fun), choices=choices, stored=sum(c["add"] for c in chosen), budget=budget)
+
+
+def solution_cost(problem: Problem, sol: Solution) -> float:
+    """What ``sol`` costs in the model, counted event by event (the solvers' objective, recounted)."""
+    units = problem.units
+    total = 0.0
+    for c in sol.choices:
+        if c.option is not None:
+            total += units[c.first].options[c.option][0]
+            continue
+        for ev in c.events:
+            total += sum(units[i].forward_cost for i in range(ev.start + 1, ev.unit))
+            total += units[ev.unit].layer[0]  # type: ignore[index]
+    return total

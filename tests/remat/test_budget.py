@@ -1,0 +1,93 @@
+"""The budget planner on real graphs: every plan it returns fits its budget by the exact estimate,
+it is never dearer than per-layer recompute where that fits, and unreachable budgets are refused."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import MiB, artifacts_dir
+
+import onnx_remat
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.errors import RematError, UsageError
+from onnx_remat.estimate import estimate_rewritten
+from onnx_remat.remat.budget import PER_LAYER, BudgetPlanner, parse_budget
+
+
+@pytest.fixture(scope="module")
+def blocks10():
+    return BudgetPlanner(analyze_model(artifacts_dir("blocks10")))
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    return BudgetPlanner(analyze_model(artifacts_dir("gpt")))
+
+
+def test_parse_budget():
+    assert parse_budget("60MiB", 100) == 60 * MiB
+    assert parse_budget("40%", 200 * MiB) == 80 * MiB
+    assert parse_budget(1234, 1) == 1234
+    for bad in ("lots", "-5MiB", "0%", "0"):
+        with pytest.raises(RematError):
+            parse_budget(bad, 100)
+
+
+@pytest.mark.parametrize("mib", [150, 100, 71, 60])
+def test_plan_fits_its_budget_exactly(blocks10, mib):
+    result = blocks10.plan(mib * MiB)
+    chosen = result.chosen
+    assert chosen.peak <= mib * MiB
+    # the figure is the exact estimate of the rewrite that apply writes
+    again = estimate_rewritten(blocks10.analysis, chosen.rewrite.model)
+    assert again.planned_peak_bytes == chosen.peak
+    assert chosen.cost > 0 and 0 < chosen.added < 1
+
+
+def test_below_per_layer_it_recomputes_from_kept_block_outputs(blocks10):
+    """60 MiB is below per-layer recompute's 71 MiB: block outputs are dropped and recomputed
+    from the nearest kept one (a rotor group), at less compute than --recompute-outputs."""
+    chosen = blocks10.plan(60 * MiB).chosen
+    assert any("rotor group" in c for c in chosen.choices)
+    staged = next(r for r in blocks10.references() if r.source == "recompute-outputs")
+    assert chosen.cost < staged.cost
+    assert any(s.from_clones for s in chosen.plan.segments)  # boundaries read from another segment's clone
+
+
+def test_never_dearer_than_per_layer_at_its_peak(blocks10, gpt):
+    for planner in (blocks10, gpt):
+        ref = next(r for r in planner.references() if r.source == PER_LAYER)
+        chosen = planner.plan(ref.peak).chosen
+        assert chosen.peak <= ref.peak
+        assert chosen.cost <= ref.cost + 1e-12
+
+
+def test_unreachable_budget_names_the_floor(blocks10):
+    with pytest.raises(RematError) as err:
+        blocks10.plan(1 * MiB)
+    msg = str(err.value)
+    assert "lowest planned peak" in msg and "MiB" in msg and "\n" not in msg
+    assert f"{blocks10.floor().peak / MiB:.1f} MiB" in msg
+
+
+def test_budget_above_the_baseline_rewrites_nothing(blocks10):
+    result = blocks10.plan(blocks10.baseline_peak)
+    assert result.chosen.rewrite is None and result.chosen.cost == 0
+
+
+def test_sweep_runs_from_the_baseline_to_the_floor(gpt):
+    curve = gpt.sweep(points=5)
+    peaks = [p.plan.peak for p in curve.points if p.plan is not None]
+    assert peaks[0] == gpt.baseline_peak and min(peaks) == curve.floor.peak
+    adds = [p.plan.added for p in curve.points if p.plan is not None]
+    assert adds == sorted(adds)  # less memory never costs less compute
+    assert {r.source for r in curve.references} == {"per-layer", "recompute-outputs"}
+
+
+def test_apply_with_a_budget(tmp_path):
+    result = onnx_remat.apply(artifacts_dir("blocks10"), budget="35%")
+    assert result.budget is not None and result.estimate_after.planned_peak_bytes <= 0.35 * 215 * MiB
+    assert result.summary()["budget"]["chosen"]["planned_peak_bytes"] <= 0.35 * 215 * MiB
+    out = result.save(tmp_path / "out")
+    assert (out / "training_model.onnx").is_file() and (out / "checkpoint").exists()
+    with pytest.raises(UsageError):
+        onnx_remat.apply(artifacts_dir("blocks10"), budget="60MiB", scopes="Block")

@@ -1,0 +1,165 @@
+"""The budget planner's solvers on numbers: the dynamic programme is exact (against brute force
+over every schedule, and against the HiGHS integer programme of the same model)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from onnx_remat.remat.solve import (
+    Choice,
+    Event,
+    Problem,
+    Solution,
+    UnitSpec,
+    min_budget,
+    predict,
+    solution_cost,
+    solve,
+    solve_milp,
+)
+
+
+def random_problem(rng: random.Random, n: int, chain: bool = True) -> Problem:
+    units = []
+    for _ in range(n):
+        layer = (rng.uniform(0.5, 2.0), rng.randint(8, 20), rng.randint(0, 3))
+        options = [
+            (0.0, rng.randint(8, 16), rng.randint(6, 12)),
+            (rng.uniform(0.1, 0.6), rng.randint(8, 18), rng.randint(2, 8)),
+        ]
+        options.append(layer)
+        units.append(
+            UnitSpec(
+                fw_need=rng.randint(4, 10),
+                boundary=rng.randint(1, 4),
+                options=options,
+                joins_next=chain,
+                layer=layer,
+                forward_cost=rng.uniform(1.0, 3.0),
+                advance=rng.randint(2, 8),
+                event_ext=rng.randint(2, 8),
+                hold=rng.randint(1, 4),
+                input_extra=rng.choice([0, 0, 2]),
+            )
+        )
+    units[-1].joins_next = False
+    return Problem(units, mid_need=rng.randint(2, 10), outside_need=rng.randint(0, 5), max_group=n)
+
+
+def split_trees(a: int, b: int, from_clone: bool):
+    """Every rotor schedule of group a..b, as the solver writes them."""
+    if a == b:
+        yield [Event(b, a - 1, from_clone)]
+        return
+    for s in range(a, b):
+        for right in split_trees(s + 1, b, True):
+            for left in split_trees(a, s, from_clone):
+                first = right[0]
+                merged = [Event(first.unit, a - 1, from_clone, [s, *first.holds]), *right[1:]]
+                yield merged + left
+
+
+def all_solutions(problem: Problem):
+    n = len(problem.units)
+
+    def rest(k: int):
+        if k == n:
+            yield []
+            return
+        for i in range(len(problem.units[k].options)):
+            for tail in rest(k + 1):
+                yield [Choice(k, k, option=i), *tail]
+        b = k
+        while b + 1 < n and problem.units[b].joins_next and b - k + 2 <= problem.max_group:
+            b += 1
+            for events in split_trees(k, b, False):
+                for tail in rest(b + 1):
+                    yield [Choice(k, b, events=events), *tail]
+
+    for choices in rest(0):
+        yield Solution(0.0, choices, 0, 0)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_dp_is_exact_against_every_schedule(seed):
+    rng = random.Random(seed)
+    problem = random_problem(rng, rng.randint(2, 4))
+    budgets = [rng.randint(20, 60) for _ in range(4)]
+    sols = list(all_solutions(problem))
+    assert sols
+    for budget in budgets:
+        fits = [s for s in sols if max(v for v, _ in predict(problem, s).values()) <= budget]
+        if problem.outside_need > budget:
+            fits = []
+        best = min((solution_cost(problem, s) for s in fits), default=None)
+        got = solve(problem, budget, quantum=1)
+        if best is None:
+            assert got is None
+            continue
+        assert got is not None
+        assert got.cost == pytest.approx(best)
+        assert solution_cost(problem, got) == pytest.approx(got.cost)
+        assert max(v for v, _ in predict(problem, got).values()) <= budget
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dp_and_milp_agree(seed):
+    rng = random.Random(100 + seed)
+    problem = random_problem(rng, rng.randint(3, 7), chain=rng.random() < 0.8)
+    for budget in (rng.randint(20, 80) for _ in range(3)):
+        dp = solve(problem, budget, quantum=1)
+        ilp = solve_milp(problem, budget, quantum=1)
+        assert (dp is None) == (ilp is None)
+        if dp is not None and ilp is not None:
+            assert dp.cost == pytest.approx(ilp.cost)
+            assert max(v for v, _ in predict(problem, ilp).values()) <= budget
+
+
+def test_more_budget_never_costs_more():
+    problem = random_problem(random.Random(7), 6)
+    costs = [s.cost for s in (solve(problem, b, quantum=1) for b in range(10, 120, 5)) if s is not None]
+    assert costs == sorted(costs, reverse=True)
+
+
+def test_min_budget_is_the_least_feasible():
+    problem = random_problem(random.Random(3), 5)
+    least = min_budget(problem, 1, 200, tolerance=1, quantum=1)
+    assert least is not None
+    assert solve(problem, least, quantum=1) is not None
+    assert solve(problem, least - 1, quantum=1) is None
+
+
+def test_rotor_beats_staged_and_chen_schedules():
+    """On a uniform chain, at every budget where staged recompute (every unit from the group's
+    input: --recompute-outputs) or Chen's (every boundary recomputed once and held) fits, the
+    solver's plan costs no more."""
+    unit = dict(fw_need=4, boundary=4, joins_next=True, forward_cost=1.0, advance=4, event_ext=0, hold=4)
+    layer = (1.0, 10, 0)
+    units = [UnitSpec(options=[(0.0, 10, 30), layer], layer=layer, **unit) for _ in range(6)]  # type: ignore[arg-type]
+    units[-1].joins_next = False
+    problem = Problem(units, mid_need=0, max_group=6)
+    staged = Solution(
+        0, [Choice(0, 5, events=[Event(m, -1, False, [m - 1] if m else []) for m in range(5, -1, -1)])], 0, 0
+    )
+    chen = Solution(
+        0,
+        [
+            Choice(
+                0, 5, events=[Event(5, -1, False, [0, 1, 2, 3, 4])] + [Event(m, m - 1, m > 0) for m in range(4, -1, -1)]
+            )
+        ],
+        0,
+        0,
+    )
+    checked = 0
+    for budget in range(10, 60):
+        got = solve(problem, budget, quantum=1)
+        for ref in (staged, chen):
+            if max(v for v, _ in predict(problem, ref).values()) <= budget:
+                assert got is not None and got.cost <= solution_cost(problem, ref) + 1e-9
+                checked += 1
+    assert checked > 10
+    tight = solve(problem, 22, quantum=1)
+    assert tight is not None and tight.cost < solution_cost(problem, staged)
