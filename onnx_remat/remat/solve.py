@@ -402,12 +402,11 @@ def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_l
             # one column per step of rot: the least H giving each cost
             H = int(np.argmax(finite))
             last = None
-            while H < len(rot):
+            while len(rot) > H:
                 c = float(rot[H])
                 if last is None or c < last - 1e-15:
-                    cols.append(
-                        {"a": a, "b": k, "opt": None, "cost": c, "add": sig + b[k], "H": H, "extra": extra, "P": int(tables.P[a])}
-                    )
+                    group = {"a": a, "b": k, "opt": None, "cost": c, "add": sig + b[k], "H": H, "extra": extra}
+                    cols.append({**group, "P": int(tables.P[a])})
                     last = c
                 nxt = np.nonzero(rot[H:] < c - 1e-15)[0]
                 if not len(nxt):
