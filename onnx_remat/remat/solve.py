@@ -403,12 +403,12 @@ def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_l
             H = int(np.argmax(finite))
             last = None
             while len(rot) > H:
-                c = float(rot[H])
-                if last is None or c < last - 1e-15:
-                    group = {"a": a, "b": k, "opt": None, "cost": c, "add": sig + b[k], "H": H, "extra": extra}
+                step_cost = float(rot[H])
+                if last is None or step_cost < last - 1e-15:
+                    group = {"a": a, "b": k, "opt": None, "cost": step_cost, "add": sig + b[k], "H": H, "extra": extra}
                     cols.append({**group, "P": int(tables.P[a])})
-                    last = c
-                nxt = np.nonzero(rot[H:] < c - 1e-15)[0]
+                    last = step_cost
+                nxt = np.nonzero(rot[H:] < step_cost - 1e-15)[0]
                 if not len(nxt):
                     break
                 H += int(nxt[0])
