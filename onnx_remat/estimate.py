@@ -327,6 +327,8 @@ def _regions(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> d
         for proto in model.graph.node:
             if tags.is_clone_name(proto.name) or tags.is_barrier_name(proto.name):
                 out[proto.name] = RECOMPUTE
+            elif tags.is_accumulate_name(proto.name):
+                out[proto.name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
     for n in tg.order:
         if n.name and n.name not in out:
             out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD

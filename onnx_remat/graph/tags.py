@@ -3,13 +3,16 @@
 Every node the recompute rewrite adds carries:
 
 * a name: clones are ``<original node name>/remat``, barriers ``remat_barrier/<segment>``,
-  fusion fences ``remat_fence/<tensor>``, random-order pins ``remat_order/<random node>``; their
+  fusion fences ``remat_fence/<tensor>``, random-order pins ``remat_order/<random node>``,
+  gradient accumulation steps ``remat_accumulate/<parameter>/<k>`` (and their anchors
+  ``.../anchor``, see :mod:`onnx_remat.scheduling.accumulate`); their
   output tensors are ``<original tensor>/remat``, ``<gated tensor>/remat_gate/<segment>``,
   ``<tensor>/remat_fence`` and ``<tensor>/remat_order/<random node>``.
   A node cloned again for another segment (the stages of ``--recompute-outputs``) gets
   ``<original>@<k>/remat`` for its k-th copy;
-* ``metadata_props``: ``onnx_remat.role`` (``clone``, ``barrier``, ``fence`` or ``pin``), ``onnx_remat.segment``
-  (the segment label), and for clones ``onnx_remat.source`` (the original node's name);
+* ``metadata_props``: ``onnx_remat.role`` (``clone``, ``barrier``, ``fence``, ``pin`` or
+  ``accumulate``), ``onnx_remat.segment`` (the segment label), and for clones
+  ``onnx_remat.source`` (the original node's name);
 * a ``doc_string`` saying in words what it recomputes.
 
 onnxruntime keeps node names of nodes it does not fuse, but not metadata, in the optimized graph
@@ -30,6 +33,7 @@ ROLE_CLONE = "clone"
 ROLE_BARRIER = "barrier"
 ROLE_FENCE = "fence"
 ROLE_PIN = "pin"
+ROLE_ACCUMULATE = "accumulate"
 
 CLONE_SUFFIX = "/remat"
 BARRIER_PREFIX = "remat_barrier/"
@@ -38,6 +42,8 @@ FENCE_PREFIX = "remat_fence/"
 FENCE_SUFFIX = "/remat_fence"
 PIN_PREFIX = "remat_order/"
 PIN_INFIX = "/remat_order/"
+ACCUMULATE_PREFIX = "remat_accumulate/"
+ACCUMULATE_INFIX = "/remat_accumulate/"
 
 
 def _copy(base: str, copy: int) -> str:
@@ -101,6 +107,21 @@ def pin_tensor_name(tensor: str, node: str) -> str:
 def is_pin_name(name: str) -> bool:
     """True for a node name given by :func:`pin_name`."""
     return name.startswith(PIN_PREFIX)
+
+
+def accumulate_name(parameter: str, step: int) -> str:
+    """Name of the ``step``-th node that accumulates a partial gradient of ``parameter`` in place."""
+    return f"{ACCUMULATE_PREFIX}{parameter}/{step}"
+
+
+def accumulate_tensor_name(tensor: str, step: int) -> str:
+    """Name of the tensor that ``tensor`` (a gradient buffer or partial) holds after ``step``."""
+    return f"{tensor}{ACCUMULATE_INFIX}{step}"
+
+
+def is_accumulate_name(name: str) -> bool:
+    """True for a node name given by :func:`accumulate_name` (or its anchor)."""
+    return name.startswith(ACCUMULATE_PREFIX)
 
 
 def is_clone_name(name: str) -> bool:
