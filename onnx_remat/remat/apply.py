@@ -31,6 +31,7 @@ from onnx_remat.units import format_bytes
 
 if TYPE_CHECKING:
     from onnx_remat.estimate import MemoryEstimate
+    from onnx_remat.scheduling.schedule import ScheduleResult
 
 
 @dataclass
@@ -48,7 +49,8 @@ class ApplyResult:
     analysis: ModelAnalysis
     notes: list[str] = field(default_factory=list)
     estimate_before: MemoryEstimate | None = None  # the original graph, when the peak was checked
-    estimate_after: MemoryEstimate | None = None  # the rewrite
+    estimate_after: MemoryEstimate | None = None  # the rewrite (scheduled, when it was)
+    schedule: ScheduleResult | None = None  # the memory schedule of the rewrite (None: not scheduled)
 
     @property
     def released_bytes(self) -> int:
@@ -94,6 +96,7 @@ class ApplyResult:
             "notes": self.plan.notes + self.notes,
             "cloned_nodes": self.clone_count,
             "released_bytes": self.released_bytes,
+            "schedule": self.schedule.summary() if self.schedule is not None else None,
         }
 
 
@@ -140,6 +143,8 @@ def apply(
     dims: dict[str, int] | None = None,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     check_peak: bool = True,
+    schedule: bool = True,
+    grad_accumulation: str = "inplace",
 ) -> ApplyResult:
     """Recompute the selected activations of a training graph; returns an :class:`ApplyResult`.
 
@@ -151,15 +156,25 @@ def apply(
     ``recompute_outputs`` merges adjacent recomputed scopes (MindSpore's ``output_recompute``).
     ``dims`` binds symbolic dimensions for the memory figures.
 
-    With ``check_peak`` (the default) the planned peak of the original and of the rewrite are
-    estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before`` /
-    ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
+    With ``schedule`` (the default) the rewrite then goes through the memory schedule
+    (:class:`~onnx_remat.scheduling.schedule.MemorySchedule`: an execution order with a lower
+    planned peak, written into the node list, and ``grad_accumulation`` for the partial gradients
+    of shared parameters: ``"inplace"`` (exact), ``"early"`` (bit-identical with gradients reset
+    every step, rounds differently across accumulation steps) or ``"sum"``); ``ApplyResult.model``
+    is the scheduled graph. It needs every dimension bound, as the estimate does.
+
+    With ``check_peak`` (the default) the planned peak of the original and of the (scheduled)
+    rewrite are estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before``
+    / ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
     until the rewrite's estimated peak is no higher than the original's. Nothing is written:
     call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
     a selection that matches nothing, or one of which nothing can be recomputed.
     """
-    from onnx_remat.estimate import estimate_original, estimate_rewritten
+    from onnx_remat.estimate import check_dims, estimate_original, estimate_rewritten
+    from onnx_remat.scheduling.accumulate import MODES
 
+    if grad_accumulation not in MODES:
+        raise RematError(f"gradient accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
     notes: list[str] = []
@@ -169,6 +184,12 @@ def apply(
             before = estimate_original(analysis)
         except RematError as exc:
             notes.append(f"the planned peak was not checked: {exc}")
+    if schedule:
+        try:
+            check_dims(analysis)
+        except RematError as exc:
+            schedule = False
+            notes.append(f"the rewrite was not scheduled: {exc}")
     order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
 
     full_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
@@ -182,31 +203,46 @@ def apply(
         if not recompute_plan.segments:
             raise RematError(nothing_to_recompute(recompute_plan))
         rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+        scheduled = _schedule(analysis, rewrite, order, grad_accumulation) if schedule else None
+        result_model = scheduled.model if scheduled is not None else rewrite.model
         if before is None:
             after = None
             break
-        after = estimate_rewritten(analysis, rewrite.model)
+        # The check is on the graph that will be written: the scheduled rewrite.
+        after = estimate_rewritten(analysis, result_model)
         if after.planned_peak_bytes <= before.planned_peak_bytes:
             break
         label = _culprit(after, rewrite)
         rise = after.planned_peak_bytes - before.planned_peak_bytes
         to = format_bytes(after.planned_peak_bytes)
         dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
-    check_runtime_support(rewrite.model, "rewritten model")
+    check_runtime_support(result_model, "rewritten model")
     unknown = recompute_plan.unknown_sizes
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
         notes.append(f"{len(unknown)} tensors of unknown size are not counted in the bytes released{hint}")
     return ApplyResult(
-        model=rewrite.model,
+        model=result_model,
         plan=recompute_plan,
         rewrite=rewrite,
         analysis=analysis,
         notes=notes,
         estimate_before=before,
         estimate_after=after,
+        schedule=scheduled,
     )
+
+
+def _schedule(
+    analysis: ModelAnalysis, rewrite: RewriteResult, order: list[str] | None, grad_accumulation: str
+) -> ScheduleResult:
+    """The memory schedule of a rewrite (random ops keep the original graph's order)."""
+    from onnx_remat.analysis.sizes import TensorSizes
+    from onnx_remat.scheduling.schedule import MemorySchedule
+
+    sizes = TensorSizes(rewrite.model, analysis.sizes.dims)
+    return MemorySchedule(grad_accumulation=grad_accumulation)(rewrite.model, sizes, random_order=order)
 
 
 def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
