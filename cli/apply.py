@@ -17,6 +17,7 @@ from onnx_remat.cli.common import (
     selection_options,
     write_json,
 )
+from onnx_remat.cli.schedule import accumulation_option
 from onnx_remat.units import format_bytes, format_ratio
 
 
@@ -45,6 +46,13 @@ from onnx_remat.units import format_bytes, format_ratio
     help="Estimate the planned peak before and after (static: nothing runs; ~0.3 ms per node), skip segments "
     "that would raise it, and print it. --no-estimate skips both.",
 )
+@click.option(
+    "--schedule/--no-schedule",
+    default=True,
+    show_default=True,
+    help="Then give the rewrite the execution order with the lowest planned peak (as `onnx-remat schedule`).",
+)
+@accumulation_option
 @click.option("--report", type=click.Path(path_type=Path), metavar="OUT.html", help="Also write the HTML report.")
 @click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written (no estimate).")
 @click.pass_context
@@ -61,6 +69,8 @@ def apply_cmd(
     json_out,
     measure,
     estimate,
+    schedule,
+    grad_accumulation,
     report,
     quiet,
 ):
@@ -83,6 +93,8 @@ def apply_cmd(
         recompute_outputs=recompute_outputs,
         dims=dims_from(dims),
         check_peak=estimate,
+        schedule=schedule,
+        grad_accumulation=grad_accumulation,
     )
     written = result.save(output, force=force)
     summary = {**result.summary(), "output": str(written)}
@@ -150,6 +162,12 @@ def print_apply_summary(result) -> None:
         f"{result.clone_count} nodes cloned in {len(result.rewrite.segments)} segments; "
         f"{total} of stored activations released after the forward pass"
     )
+    sched = result.schedule
+    if sched is not None and sched.changed and sched.chosen is not None:
+        console.print(
+            f"scheduled ({sched.chosen.label}): the rewrite's estimated planned peak "
+            f"{format_bytes(sched.planned_peak_before)} -> {format_bytes(sched.planned_peak_after)}"
+        )
     for skipped in result.plan.skipped:
         console.print(f"[yellow]skipped[/] {skipped.label}: {skipped.reason}")
     for note in result.plan.notes + result.notes:

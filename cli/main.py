@@ -61,11 +61,12 @@ def _register() -> None:
     # One module per subcommand; importing them here keeps `main` the single entry point that
     # pyproject's console script names. Heavy imports (onnxruntime, matplotlib) stay inside the
     # commands, so `onnx-remat --help` is fast.
-    from onnx_remat.cli import apply, check, compare, estimate, measure, report, scopes, viz
+    from onnx_remat.cli import apply, check, compare, estimate, measure, report, schedule, scopes, viz
 
     for command in (
         scopes.scopes_cmd,
         apply.apply_cmd,
+        schedule.command,
         estimate.command,
         measure.command,
         compare.command,
