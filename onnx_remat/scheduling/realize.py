@@ -126,4 +126,6 @@ def pin_random_order(model: onnx.ModelProto, order: Sequence[str]) -> tuple[onnx
     # came before the one it now waits for moves down, the rest keeps its place.
     every = [m for k, n in enumerate(nodes) for m in ((before[k], n) if k in before else (n,))]
     order_ = index_order([list(n.input) for n in every], [list(n.output) for n in every])
+    if len(order_) != len(every):
+        raise RuntimeError("pinning the random ops in that order makes a cycle: the data orders them otherwise")
     return with_nodes(model, [every[k] for k in order_]), pins
