@@ -96,15 +96,16 @@ def corpus():
     (export sources and library versions) is the same.
     """
     pytest.importorskip("transformers")
-    from models.corpus import CORPUS
+    from models.corpus import CORPUS, LARGE
     from models.export import export_artifacts
 
     cache = CORPUS_CACHE / _corpus_key()
+    specs = {**CORPUS, **LARGE}
 
     def get(name: str) -> Path:
         path = cache / name
         if not (path / "training_model.onnx").is_file():
-            export_artifacts(CORPUS[name], cache)
+            export_artifacts(specs[name], cache)
         return path
 
     return get

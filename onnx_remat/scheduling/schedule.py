@@ -193,7 +193,9 @@ class MemorySchedule:
         wanted_random = [n for n in wanted_random if n in present]
         best: tuple[int, Candidate, onnx.ModelProto, list[str]] | None = None
         checked_lists: dict[tuple[str, ...], int] = {}
-        for cand, g, names in candidates[: self.verify]:
+        # Only predictions below the input's peak are worth writing (a handful at most).
+        promising = [c for c in candidates if c[0].predicted_peak_bytes < given.peak][: self.verify]
+        for cand, g, names in promising:
             written = place_leaves(g.model, names) if names is not None else g.model
             key = tuple(n.name for n in written.graph.node)
             if key in checked_lists:  # another policy gave the same node list
