@@ -11,14 +11,17 @@ from onnx_remat.cli.common import (
     console,
     dims_from,
     dims_option,
+    force_option,
     json_option,
     model_argument,
+    outputs,
+    print_notes,
     selection_options,
     write_json,
 )
 from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
-from onnx_remat.runtime.kept import read_execution_order
+from onnx_remat.runtime.kept import check_order_matched, read_execution_order
 from onnx_remat.units import format_bytes, format_ratio
 
 
@@ -52,7 +55,8 @@ from onnx_remat.units import format_bytes, format_ratio
     show_default=True,
     help="How many of the tensors alive at the peak to list.",
 )
-def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, plot_out, order_file, depth, top):
+@force_option
+def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, plot_out, order_file, depth, top, force):
     """Estimate the activation memory of one training step of MODEL, without running it.
 
     The planned peak is the block onnxruntime 1.19 (CPU) allocates for a step's activations:
@@ -70,22 +74,28 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
         raise RematError(
             f"{plot_out}: cannot write a {plot_out.suffix or 'suffix-less'} plot; give a .png or .svg path"
         )
-    result = estimate(
-        model,
-        scopes=scopes,
-        op_types=op_types,
-        nodes=nodes,
-        recompute_outputs=recompute_outputs,
-        dims=dims_from(dims),
-        execution_order=read_execution_order(order_file) if order_file else None,
-    )
-    print_estimate(result, depth=depth, top=top)
-    if plot_out is not None:
-        from onnx_remat.show.timeline import plot_timeline
+    with outputs({"MODEL": model, "--order": order_file}, force=force) as outs:
+        outs.claim(json_out, "--json")
+        outs.claim(plot_out, "--plot")
+        order = read_execution_order(order_file) if order_file else None
+        result = estimate(
+            model,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            dims=dims_from(dims),
+            execution_order=order,
+        )
+        if order is not None:
+            check_order_matched(result.before, order_file, len(order))
+        print_estimate(result, depth=depth, top=top)
+        if plot_out is not None:
+            from onnx_remat.show.timeline import plot_timeline
 
-        written = plot_timeline(result, plot_out)
-        console.print(f"wrote {written}")
-    write_json(result.to_json(), json_out)
+            written = plot_timeline(result, plot_out, force=force)
+            console.print(f"wrote {written}")
+        write_json(result.to_json(), json_out, force=force)
 
 
 def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30) -> None:
@@ -154,5 +164,4 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
             console.print(f"[dim]... {hidden} more scopes (all of them in --json)[/]")
     for s in result.skipped:
         console.print(f"[yellow]skipped[/] {s['label']}: {s['reason']}")
-    for note in result.notes:
-        console.print(f"[dim]note:[/] {note}")
+    print_notes(result.notes)

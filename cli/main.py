@@ -8,16 +8,24 @@ one line (``error: ...``) with the error's exit status (1 bad input or failed ch
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from onnx_remat import __version__
 from onnx_remat.errors import RematError
 
 
+def _one_line(exc: BaseException) -> str:
+    """The message on one line, whatever the library put in it."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
 class _Group(click.Group):
-    """A click group that turns library errors into one line and an exit status."""
+    """A click group that turns library errors into one line and an exit status.
+
+    Signals (KeyboardInterrupt, :class:`onnx_remat.interrupts.Interrupted`) and a closed stdout
+    pipe pass through to the console script (:mod:`onnx_remat.cli.entry`), which prints one
+    word and exits.
+    """
 
     def invoke(self, ctx: click.Context):
         try:
@@ -25,18 +33,20 @@ class _Group(click.Group):
         except RematError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_one_line(exc)}", err=True)
             ctx.exit(exc.exit_code)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, BrokenPipeError):
             raise
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(130)
+        except MemoryError:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo("error: out of memory (smaller --dim values, or a machine with more memory)", err=True)
+            ctx.exit(3)
         except Exception as exc:  # a bug in onnx-remat: still one line, traceback on --debug
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             click.echo(
-                f"internal error: {type(exc).__name__}: {exc} "
+                f"internal error: {type(exc).__name__}: {_one_line(exc)} "
                 "(rerun with --debug for the traceback, and please report it)",
                 err=True,
             )
@@ -80,4 +90,6 @@ _register()
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    from onnx_remat.cli.entry import main as entry
+
+    entry()

@@ -5,7 +5,8 @@ Sizes in binary units (:func:`onnx_remat.units.format_bytes`), ratios as ``x0.33
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich import box
@@ -237,11 +238,44 @@ def print_comparison(console: Console, c: Comparison) -> None:
     console.print(verdict(c), soft_wrap=True)
 
 
+_CONFIG_WORDS = {"arena": "planned/arena peak, step time", "live": "live peak", "outputs": "outputs, one thread"}
+
+
+def progress_lines(write) -> Callable[[ProgressEvent], None]:
+    """A :class:`ProgressEvent` callback for logs and pipes: one line per phase of each worker
+    (session, warm-up, timed steps), passed to ``write``."""
+    phase_of: dict[tuple[str, str], str] = {}
+
+    def on_event(ev: ProgressEvent) -> None:
+        key = (ev.tag, ev.config)
+        label = f"{ev.tag + ': ' if ev.tag else ''}{_CONFIG_WORDS.get(ev.config, ev.config)}"
+        if ev.phase == "session":
+            phase_of[key] = ev.phase
+            write(f"{label}: starting onnxruntime")
+            return
+        took = f", {_seconds(ev.seconds)}" if ev.seconds is not None else ""
+        if phase_of.get(key) != ev.phase:
+            phase_of[key] = ev.phase
+            what = "warm-up" if ev.phase == "warmup" else "timed steps"
+            write(f"{label}: {what} (step {ev.index}/{ev.total}{took})")
+        if ev.index == ev.total:
+            write(f"{label}: done ({ev.total} step{'s' if ev.total != 1 else ''})")
+
+    return on_event
+
+
 @contextmanager
-def progress_display(console: Console) -> Iterator:
-    """A rich progress display; yields a callback for :class:`ProgressEvent` (does nothing off a terminal)."""
+def progress_display(console: Console, log: Console | None = None) -> Iterator:
+    """Yields a callback for :class:`ProgressEvent`: a rich progress display on a terminal, else
+    one line per phase on ``log`` (standard error by default), so CI logs and pipes show that
+    something is happening during the 15-30 s a comparison takes."""
     if not console.is_terminal:
-        yield None
+        log = log or Console(stderr=True, highlight=False, soft_wrap=True)
+
+        def write(line: str) -> None:
+            log.print(f"[{time.strftime('%H:%M:%S')}] {line}", markup=False)
+
+        yield progress_lines(write)
         return
     progress = Progress(
         TextColumn("{task.description}"),
@@ -253,7 +287,7 @@ def progress_display(console: Console) -> Iterator:
         transient=True,
     )
     tasks: dict[tuple[str, str], int] = {}
-    config_words = {"arena": "planned/arena peak, step time", "live": "live peak", "outputs": "outputs, one thread"}
+    config_words = _CONFIG_WORDS
 
     def on_event(ev: ProgressEvent) -> None:
         key = (ev.tag, ev.config)

@@ -18,7 +18,7 @@ from onnx_remat.analysis.regions import TrainingGraph, analyze
 from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.bridge import ModelGraph
-from onnx_remat.model_io import LoadedModel, load_model
+from onnx_remat.model_io import LoadedModel, check_dim_names, load_model
 from onnx_remat.ortsim.registry import check_runtime_support
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
@@ -74,6 +74,7 @@ def analyze_model(
         check_runtime_support(proto)
     else:
         proto = source.model
+    check_dim_names(proto, dims, str(source.path) if source is not None else "the model")
     if eval_model is None and source is not None and source.eval_model_path is not None:
         eval_model = source.eval_model_path
     eval_proto = None

@@ -21,7 +21,7 @@ import onnx
 
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.model_io import TRAINING_MODEL, save_model, write_artifacts
+from onnx_remat.model_io import remat_output, save_model, write_artifacts
 from onnx_remat.ortsim.optimizer import execution_order
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
@@ -60,28 +60,32 @@ class ApplyResult:
         return self.rewrite.clone_count
 
     def default_output(self) -> Path:
-        """Where :meth:`save` writes without a path: ``x.remat.onnx`` or ``<artifacts>_remat/``."""
+        """Where :meth:`save` writes without a path: ``x.remat.onnx`` or ``<artifacts>_remat/`` in the
+        current directory (never beside the input, which may be read-only or a folder others scan)."""
         src = self.analysis.source
         if src is None:
             raise RematError("the model was given in memory: give an output path")
-        if src.artifacts_dir is not None and src.path.name == TRAINING_MODEL:
-            return src.artifacts_dir.with_name(src.artifacts_dir.name + "_remat")
-        return src.path.with_name(src.path.name.removesuffix(".onnx") + ".remat.onnx")
+        return remat_output(src.artifacts_dir or src.path)[0]
 
     def save(self, path: str | os.PathLike | None = None, *, force: bool = False) -> Path:
         """Write the result atomically; returns where.
 
         From an artifacts directory the output is a complete artifacts directory (checkpoint,
         eval and optimizer models copied) unless ``path`` ends in ``.onnx``; otherwise a model
-        file. Replacing an existing output, or the input, needs ``force``.
+        file. Replacing an existing output needs ``force``; the input files are never replaced
+        (:func:`onnx_remat.model_io.check_output`).
         """
         out = Path(path) if path is not None else self.default_output()
         src = self.analysis.source
-        inputs = (src.path,) if src is not None else ()
-        external = src.external_data if src is not None else None
-        if src is not None and src.artifacts_dir is not None and out.suffix != ".onnx":
-            return write_artifacts(src.artifacts_dir, out, self.model, force=force)
-        return save_model(self.model, out, force=force, inputs=inputs, external_data=external or None)
+        if src is None:
+            return save_model(self.model, out, force=force)
+        inputs = tuple(src.files or [src.path]) + tuple(
+            p for p in (src.eval_model_path, src.checkpoint_path, src.artifacts_dir) if p is not None
+        )
+        external = src.external_data or None
+        if src.artifacts_dir is not None and out.suffix != ".onnx":
+            return write_artifacts(src.artifacts_dir, out, self.model, force=force, external_data=external)
+        return save_model(self.model, out, force=force, inputs=inputs, external_data=external)
 
     def summary(self) -> dict:
         """JSON-ready summary: the model, counts and one entry per segment."""

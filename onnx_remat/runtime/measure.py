@@ -88,7 +88,7 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import EnvironmentProblem, RematError, UsageError
-from onnx_remat.model_io import load_model, save_model
+from onnx_remat.model_io import TRAINING_MODEL, load_model, save_model
 from onnx_remat.runtime.inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
 from onnx_remat.runtime.kept import RewriteCheck, check_rewrite
 from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
@@ -198,18 +198,62 @@ class _Source:
 
 def _source(model, checkpoint, tmp: Path, name: str) -> _Source:
     if isinstance(model, onnx.ModelProto):
+        _check_training_graph(model, f"<{name}: in-memory model>", None)
         path = save_model(model, tmp / f"{name}.onnx")
         ckpt = Path(checkpoint) if checkpoint else None
         label = f"<{name}: in-memory model>"
         return _Source(label, path, model, ckpt)
     loaded = load_model(model, check=False)
+    _check_training_graph(loaded.model, str(loaded.path), loaded.path)
     ckpt = Path(checkpoint) if checkpoint else loaded.checkpoint_path
     return _Source(str(loaded.path), loaded.path, loaded.model, ckpt)
 
 
+def _check_training_graph(model: onnx.ModelProto, label: str, path: Path | None) -> None:
+    """Refuse a forward-only graph (an ``eval_model.onnx``): a training step needs gradient nodes,
+    and its parameters would be synthesized as if they were data."""
+    from onnx_remat.analysis.regions import analyze
+    from onnx_remat.errors import ForwardOnlyGraph
+    from onnx_remat.graph.bridge import ModelGraph
+
+    try:
+        analyze(ModelGraph(model))
+    except ForwardOnlyGraph:
+        beside = path.parent / TRAINING_MODEL if path is not None else None
+        hint = (
+            f"; the training graph beside it is {beside}"
+            if beside is not None and beside.is_file() and beside != path
+            else "; make a training graph first (onnxruntime.training.artifacts.generate_artifacts)"
+        )
+        raise ForwardOnlyGraph(
+            f"{label}: a forward-only graph (no gradient nodes); measure and compare run training steps{hint}"
+        ) from None
+    except RematError:
+        pass  # other oddities of the split do not matter for running it
+
+
+_CHECKPOINT_ID = b"ODTC"  # flatbuffers file identifier of onnxruntime-training checkpoints
+
+
 def _check_checkpoint(path: Path | None) -> None:
-    if path is not None and not path.exists():
+    """A checkpoint must be an onnxruntime-training checkpoint file: checked here, in one line,
+    before a worker starts (onnxruntime's own message names its C++ source file)."""
+    if path is None:
+        return
+    if not path.exists():
         raise RematError(f"{path}: no such checkpoint")
+    if not path.is_file():
+        raise RematError(f"{path}: not a regular file; --checkpoint takes an onnxruntime-training checkpoint file")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise RematError(f"{path}: cannot read ({exc.strerror})") from None
+    if head[4:8] != _CHECKPOINT_ID:
+        raise RematError(
+            f"{path}: not an onnxruntime-training checkpoint (as written by generate_artifacts or "
+            "CheckpointState.save_checkpoint)"
+        )
 
 
 def _validate(device: str, steps: int, warmup: int) -> None:

@@ -589,9 +589,10 @@ def html_page(view: GraphView, svg: str | None, dot_text: str) -> str:
     )
 
 
-def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
+def write_graph(view: GraphView, path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write ``view`` as ``.dot`` (always possible), ``.svg`` / ``.png`` (Graphviz) or ``.html``
-    (the SVG in a self-contained page; without Graphviz, the DOT text with a note). Returns the path."""
+    (the SVG in a self-contained page; without Graphviz, the DOT text with a note). Returns the path.
+    Written atomically; an existing file is replaced only with ``force``."""
     out = Path(path)
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
@@ -609,5 +610,5 @@ def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
             svg = render(dot_text, "svg").decode()
             svg = svg[svg.index("<svg") :] if "<svg" in svg else svg
         data = html_page(view, svg, dot_text).encode()
-    write_file(out, data)
+    write_file(out, data, force=force)
     return out
