@@ -9,6 +9,7 @@ calls and prints.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -30,6 +31,7 @@ from onnx_remat.cli.common import (
     write_json,
 )
 from onnx_remat.errors import UsageError
+from onnx_remat.model_io import make_parents
 from onnx_remat.units import format_bytes, parse_percent
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "dim"}
@@ -101,6 +103,8 @@ def closing_line(v) -> Text:
 def parse_fraction(text: str, option: str) -> float:
     """``'2%'`` or ``'0.02'`` -> 0.02; a bare number above 1 (``'2'``) is refused as a likely typo of 2%."""
     value = parse_percent(text)
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{option} {text}: give a finite percentage >= 0 (2%, or 0.02)")
     if not text.strip().endswith("%") and value > 1:
         raise UsageError(
             f"{option} {text}: a bare number is a fraction ({value * 100:g}%); write {text}% if you mean percent"
@@ -190,7 +194,9 @@ def command(
         inputs["--baseline"] = baseline
     with outputs(inputs, force=force) as outs:
         outs.claim(json_out, "--json")
-        outs.claim(baseline if update_baseline else None, "--baseline", force=True)
+        if update_baseline:  # a new folder for it is made (and removed again if the check fails)
+            outs.claim(baseline, "--baseline", force=True, parents=True)
+            make_parents(baseline)
         v = _check(
             out,
             model,

@@ -53,8 +53,13 @@ def main(argv: list[str] | None = None) -> None:
             code = 0
         except click.exceptions.Exit as exc:
             code = exc.exit_code
+        except click.UsageError as exc:  # one line, like every other error (click prints three)
+            hint = f" (see '{exc.ctx.command_path} -h')" if exc.ctx is not None else ""
+            message = " ".join(exc.format_message().split())
+            print(f"error: {message}{hint}", file=sys.stderr)
+            code = exc.exit_code
         except click.ClickException as exc:
-            exc.show()
+            print(f"error: {' '.join(exc.format_message().split())}", file=sys.stderr)
             code = exc.exit_code
         except click.exceptions.Abort:
             print("aborted", file=sys.stderr)

@@ -17,7 +17,7 @@ from rich.text import Text
 
 from onnx_remat.runtime.compare import Comparison
 from onnx_remat.runtime.kept import RewriteCheck
-from onnx_remat.runtime.measure import Measurement, ProgressEvent
+from onnx_remat.runtime.measure import FORWARD_ONLY_NOTE, Measurement, ProgressEvent
 from onnx_remat.units import format_bytes
 
 _MEMORY_ROWS = (
@@ -71,7 +71,8 @@ def measurement_table(m: Measurement) -> Table:
     for key, label, what in _MEMORY_ROWS:
         table.add_row(label, format_bytes(getattr(m, key)), what)
     table.add_row("step time", _step_time(m), "median (min, max)")
-    table.add_row("loss", f"{m.loss:.6g}" if m.loss is not None else "?", "after one step")
+    what = "first output (forward only)" if FORWARD_ONLY_NOTE in m.notes else "after one step"
+    table.add_row("loss", f"{m.loss:.6g}" if m.loss is not None else "?", what)
     return table
 
 

@@ -230,7 +230,13 @@ class OutputSession:
         self.inputs.append(_Protected(resolved, p.is_dir(), label))
 
     def claim(
-        self, path: str | os.PathLike | None, option: str, *, force: bool | None = None, is_dir: bool = False
+        self,
+        path: str | os.PathLike | None,
+        option: str,
+        *,
+        force: bool | None = None,
+        is_dir: bool = False,
+        parents: bool = False,
     ) -> Path | None:
         """Check an output path before any work is done; returns it (None for None or ``-``).
 
@@ -242,7 +248,7 @@ class OutputSession:
             return None
         out = Path(path)
         force = self.force if force is None else force
-        check_output(out, force=force, is_dir=is_dir, option=option)
+        check_output(out, force=force, is_dir=is_dir, option=option, parents=parents)
         key = _resolved(out)
         for other, (other_option, other_is_dir) in self.claimed.items():
             if other == key:
@@ -288,6 +294,27 @@ def output_session(
         _SESSION.reset(token)
 
 
+def make_parents(path: str | os.PathLike) -> None:
+    """Create the missing folders above ``path`` (``check --update-baseline`` into a new folder).
+
+    Within an :func:`output_session` they count as outputs: removed again if the command fails.
+    Raises :class:`RematError` when one cannot be made (a file in the way, a read-only place)."""
+    missing = []
+    parent = Path(path).parent
+    while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    for folder in reversed(missing):
+        try:
+            with critical():
+                folder.mkdir()
+                _record_created(folder)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise _write_error(folder, exc) from None
+
+
 def note_input(path: str | os.PathLike, label: str = "input") -> None:
     """Within an :func:`output_session`: ``path`` is read by the command, so no output may replace it."""
     session = _SESSION.get()
@@ -323,8 +350,11 @@ def check_output(
     is_dir: bool = False,
     inputs: tuple[str | os.PathLike, ...] = (),
     option: str = "output",
+    parents: bool = False,
 ) -> Path:
     """Raise a one-line error unless ``out`` can be written; returns it as a Path.
+
+    ``parents``: missing folders above ``out`` will be made (:func:`make_parents`).
 
     Refused whatever ``force`` says: a path that is an input of the command (``inputs``, and
     those of the current :func:`output_session`: same file, a file inside an input folder, a
@@ -339,6 +369,8 @@ def check_output(
     session = _SESSION.get()
     if session is not None:
         protected.extend(session.inputs)
+        if option == "output":  # name the option the user gave this path with, where claimed
+            option = session.claimed.get(_resolved(out), (option, False))[0]
     for p in inputs:
         if p is not None and Path(p).exists():
             protected.append(_Protected(_resolved(Path(p)), Path(p).is_dir(), "input"))
@@ -349,11 +381,16 @@ def check_output(
         if target == p.path or (exists and _same_file(out, p.path)):
             raise UsageError(f"{out}: this is {what}; give another path for {option}")
         if p.is_dir and target.is_relative_to(p.path):
-            where = {"MODEL": "the model's folder", "input": "an input folder"}.get(p.label, f"the folder {p.label}")
-            raise UsageError(f"{out}: inside {where} {p.path.name}/; write {option} elsewhere")
+            where = {"MODEL": f"the model's folder {p.path.name}/", "input": f"the input folder {p.path.name}/"}.get(
+                p.label, f"{p.path.name}/, given as {p.label}"
+            )
+            raise UsageError(f"{out}: inside {where}; write {option} elsewhere")
         if exists and p.path.is_relative_to(target):
             raise UsageError(f"{out}: holds {p.path.name}, {what}; give another path for {option}")
     parent = out.parent
+    if parents:  # the folders to be made: the nearest one that exists is what must be writable
+        while not parent.exists() and not parent.is_symlink() and parent != parent.parent:
+            parent = parent.parent
     if not parent.exists():
         raise RematError(f"{out}: no such directory {str(parent)!r}; create it first")
     if not parent.is_dir():
@@ -688,6 +725,18 @@ def remat_output(model: str | os.PathLike, output: str | os.PathLike | None = No
     else:
         out = Path(output)
     return out, artifacts_dir is not None and out.suffix != ".onnx"
+
+
+def forward_only_hint(path: Path | None) -> str:
+    """What to say after "a forward-only graph": the training graph beside an artifacts
+    ``eval_model.onnx``, else how to make one."""
+    beside = path.parent / TRAINING_MODEL if path is not None else None
+    if beside is not None and beside.is_file() and beside.resolve() != path.resolve():  # type: ignore[union-attr]
+        return f"give the training graph beside it, {beside}"
+    return (
+        "make a training graph first, e.g. with onnxruntime.training.artifacts.generate_artifacts(model, "
+        "requires_grad=[...], loss=...)"
+    )
 
 
 def symbolic_dims(model: onnx.ModelProto) -> list[str]:

@@ -47,8 +47,10 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import RematError
+from onnx_remat.model_io import check_dim_names
 from onnx_remat.runtime.inputs import check_same_inputs, classify_inputs, prepare_feeds
 from onnx_remat.runtime.measure import (
+    FORWARD_ONLY_NOTE,
     Measurement,
     ProgressCallback,
     _check_checkpoint,
@@ -206,6 +208,7 @@ def compare(
             src_a.checkpoint = src_b.checkpoint
             notes_a.append(f"parameters from B's checkpoint {src_b.checkpoint}")
         for src in (src_a, src_b):
+            check_dim_names(src.model, dims, src.label)
             _check_checkpoint(src.checkpoint)
         check_same_inputs(classify_inputs(src_a.model), classify_inputs(src_b.model))
         feeds = prepare_feeds(
@@ -234,8 +237,8 @@ def compare(
 
         ma, out_a = run(src_a, "A")
         mb, out_b = run(src_b, "B")
-        ma.notes.extend(notes_a)
-        mb.notes.extend(notes_b)
+        ma.notes.extend(notes_a + ([FORWARD_ONLY_NOTE] if src_a.forward_only else []))
+        mb.notes.extend(notes_b + ([FORWARD_ONLY_NOTE] if src_b.forward_only else []))
         if out_a is None or out_b is None:  # pragma: no cover - the worker always writes them
             raise RematError("a measuring process returned no outputs to compare")
 

@@ -107,7 +107,7 @@ import numpy as np
 
 from onnx_remat import __version__
 from onnx_remat.errors import UsageError, one_line
-from onnx_remat.model_io import check_output, write_file
+from onnx_remat.model_io import check_output, make_parents, write_file
 
 BASELINE_SCHEMA = "onnx-remat-baseline/1"
 VERDICT_SCHEMA = "onnx-remat-check/1"
@@ -637,7 +637,8 @@ def check(
         check_cuda_ready()
     baseline_path = Path(baseline)
     if update:  # before anything slow: a baseline that cannot be written, or is an input, fails now
-        check_output(baseline_path, force=True, option="--baseline")
+        check_output(baseline_path, force=True, option="--baseline", parents=True)
+        make_parents(baseline_path)
     recorded = _recorded_baseline(baseline_path, update)
     selection, recorded = _selection_to_check(
         _selection(scopes, op_types, nodes, recompute_outputs), recorded, baseline_path, device, update

@@ -88,7 +88,7 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import EnvironmentProblem, RematError, UsageError
-from onnx_remat.model_io import TRAINING_MODEL, load_model, save_model
+from onnx_remat.model_io import check_dim_names, forward_only_hint, load_model, save_model
 from onnx_remat.runtime.inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
 from onnx_remat.runtime.kept import RewriteCheck, check_rewrite
 from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
@@ -194,24 +194,32 @@ class _Source:
     path: Path
     model: onnx.ModelProto
     checkpoint: Path | None
+    forward_only: bool = False
+
+
+FORWARD_ONLY_NOTE = (
+    "a forward-only graph (no gradient nodes): one forward step, no gradients; 'loss' is its first output"
+)
 
 
 def _source(model, checkpoint, tmp: Path, name: str) -> _Source:
     if isinstance(model, onnx.ModelProto):
-        _check_training_graph(model, f"<{name}: in-memory model>", None)
-        path = save_model(model, tmp / f"{name}.onnx")
-        ckpt = Path(checkpoint) if checkpoint else None
         label = f"<{name}: in-memory model>"
-        return _Source(label, path, model, ckpt)
+        ckpt = Path(checkpoint) if checkpoint else None
+        forward_only = _forward_only(model, label, None, ckpt)
+        path = save_model(model, tmp / f"{name}.onnx")
+        return _Source(label, path, model, ckpt, forward_only)
     loaded = load_model(model, check=False)
-    _check_training_graph(loaded.model, str(loaded.path), loaded.path)
     ckpt = Path(checkpoint) if checkpoint else loaded.checkpoint_path
-    return _Source(str(loaded.path), loaded.path, loaded.model, ckpt)
+    forward_only = _forward_only(loaded.model, str(loaded.path), loaded.path, ckpt)
+    return _Source(str(loaded.path), loaded.path, loaded.model, ckpt, forward_only)
 
 
-def _check_training_graph(model: onnx.ModelProto, label: str, path: Path | None) -> None:
-    """Refuse a forward-only graph (an ``eval_model.onnx``): a training step needs gradient nodes,
-    and its parameters would be synthesized as if they were data."""
+def _forward_only(model: onnx.ModelProto, label: str, path: Path | None, checkpoint: Path | None) -> bool:
+    """Whether ``model`` has no gradient nodes. Such a graph is run as one forward step (and says
+    so), except with a checkpoint: then it is an artifacts ``eval_model.onnx`` whose parameters
+    the worker would not read from the checkpoint but synthesize, and it is refused, naming the
+    training graph beside it."""
     from onnx_remat.analysis.regions import analyze
     from onnx_remat.errors import ForwardOnlyGraph
     from onnx_remat.graph.bridge import ModelGraph
@@ -219,17 +227,15 @@ def _check_training_graph(model: onnx.ModelProto, label: str, path: Path | None)
     try:
         analyze(ModelGraph(model))
     except ForwardOnlyGraph:
-        beside = path.parent / TRAINING_MODEL if path is not None else None
-        hint = (
-            f"; the training graph beside it is {beside}"
-            if beside is not None and beside.is_file() and beside != path
-            else "; make a training graph first (onnxruntime.training.artifacts.generate_artifacts)"
-        )
+        if checkpoint is None:
+            return True
         raise ForwardOnlyGraph(
-            f"{label}: a forward-only graph (no gradient nodes); measure and compare run training steps{hint}"
+            f"{label}: a forward-only graph (no gradient nodes) with a checkpoint, so an artifacts eval model "
+            f"(measured, its parameters would be synthesized, not read): {forward_only_hint(path)}"
         ) from None
     except RematError:
-        pass  # other oddities of the split do not matter for running it
+        pass  # other oddities of the forward/backward split do not matter for running it
+    return False
 
 
 _CHECKPOINT_ID = b"ODTC"  # flatbuffers file identifier of onnxruntime-training checkpoints
@@ -540,6 +546,7 @@ def measure(
     _validate(device, steps, warmup)
     with _Workdir("onnx-remat-measure-") as tmp:
         src = _source(model, checkpoint, tmp, "model")
+        check_dim_names(src.model, dims, src.label)
         _check_checkpoint(src.checkpoint)
         feeds = prepare_feeds(
             src.model,
@@ -562,4 +569,6 @@ def measure(
         )
         if src.checkpoint is None and feeds.inputs.parameters:
             m.notes.append("no checkpoint: parameters synthesized")
+        if src.forward_only:
+            m.notes.append(FORWARD_ONLY_NOTE)
         return m

@@ -131,7 +131,7 @@ def test_bad_inputs_file(small, tmp_path):
 
 def test_bad_int_range(small):
     _one_line_error(_cli("measure", small, "--int-range", "tokens=0:5"), 1, "tokens", "input_ids, labels")
-    _one_line_error(_cli("measure", small, "--int-range", "input_ids=5:1"), 1, "low must be below high")
+    _one_line_error(_cli("measure", small, "--int-range", "input_ids=5:1"), 2, "low must be below high")
     _one_line_error(_cli("measure", small, "--int-range", "input_ids=a:b"), 2, "name=low:high")
 
 
