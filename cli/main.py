@@ -13,6 +13,20 @@ import click
 from onnx_remat import __version__
 from onnx_remat.errors import RematError
 
+# One module per subcommand, imported when that subcommand runs (each pulls in onnx, numpy and
+# rich; only the one asked for is loaded, which keeps every command's start-up short). The order
+# is the order of `onnx-remat -h`.
+_COMMANDS = {
+    "scopes": ("onnx_remat.cli.scopes", "scopes_cmd"),
+    "apply": ("onnx_remat.cli.apply", "apply_cmd"),
+    "estimate": ("onnx_remat.cli.estimate", "command"),
+    "measure": ("onnx_remat.cli.measure", "command"),
+    "compare": ("onnx_remat.cli.compare", "command"),
+    "check": ("onnx_remat.cli.check", "command"),
+    "viz": ("onnx_remat.cli.viz", "command"),
+    "report": ("onnx_remat.cli.report", "command"),
+}
+
 
 def _one_line(exc: BaseException) -> str:
     """The message on one line, whatever the library put in it."""
@@ -26,6 +40,18 @@ class _Group(click.Group):
     pipe pass through to the console script (:mod:`onnx_remat.cli.entry`), which prints one
     word and exits.
     """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The subcommand, its module imported on first use."""
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            import importlib
+
+            module, attr = _COMMANDS[cmd_name]
+            self.commands[cmd_name] = getattr(importlib.import_module(module), attr)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -65,28 +91,6 @@ def main(ctx: click.Context, debug: bool) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
-
-
-def _register() -> None:
-    # One module per subcommand; importing them here keeps `main` the single entry point that
-    # pyproject's console script names. Heavy imports (onnxruntime, matplotlib) stay inside the
-    # commands, so `onnx-remat --help` is fast.
-    from onnx_remat.cli import apply, check, compare, estimate, measure, report, scopes, viz
-
-    for command in (
-        scopes.scopes_cmd,
-        apply.apply_cmd,
-        estimate.command,
-        measure.command,
-        compare.command,
-        check.command,
-        viz.command,
-        report.command,
-    ):
-        main.add_command(command)
-
-
-_register()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -17,8 +17,11 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -335,3 +338,359 @@ def test_at_least_60_cases_over_every_subcommand():
     commands = {c[1][0] for c in CASES}
     assert len(CASES) >= 60
     assert {"scopes", "apply", "estimate", "measure", "compare", "check", "viz", "report"} <= commands
+
+
+# -- two writers, one output -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", ["same.onnx", "same_dir"])
+def test_two_applies_to_one_output_exactly_one_wins(work, target):
+    """Two ``apply -o`` to one path started together, three rounds: one succeeds, the other says
+    "already exists", the output is whole and no temporary is left."""
+    for round_ in range(3):
+        cwd = work / f"round{round_}"
+        cwd.mkdir()
+        args = [*SCRIPT, "apply", str(work / "M"), "--scope", "FCBlock", "-o", target, "--no-estimate", "-q"]
+        procs = [
+            subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)
+        ]
+        results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+        codes = sorted(r[0] for r in results)
+        assert codes == [0, 1], results
+        loser = next(r for r in results if r[0] == 1)
+        assert loser[2].strip().startswith("error: ") and "already exists" in loser[2], loser
+        assert len(loser[2].strip().splitlines()) == 1 and "Traceback" not in loser[2]
+        assert sorted(os.listdir(cwd)) == [target]  # nothing else, no temporary
+        out = cwd / target
+        model = out / "training_model.onnx" if out.is_dir() else out
+        onnx.load(str(model))  # whole
+        if out.is_dir():
+            assert sorted(os.listdir(out)) == sorted(os.listdir(FC5))
+
+
+_RACE = r"""
+import os, sys, time
+from pathlib import Path
+import onnx_remat.model_io as mio
+kind, target, go, fallback = sys.argv[1], Path(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1"
+if fallback:  # no renameat2: link() for files, mkdir() for folders
+    mio._renameat2 = lambda *a: False
+with mio._temporary(target, is_dir=kind == "dir") as tmp:
+    if kind == "dir":
+        (tmp / "who").write_text(str(os.getpid()))
+    else:
+        tmp.write_text(str(os.getpid()))
+    time.sleep(max(0.0, go - time.time()))  # every writer has its temporary: commit together
+    try:
+        mio._commit(tmp, target, force=False, is_dir=kind == "dir")
+        print("won")
+    except FileExistsError:
+        print("lost")
+"""
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["renameat2", "link-mkdir"])
+@pytest.mark.parametrize("kind", ["file", "dir"])
+def test_exclusive_commit_with_eight_writers(tmp_path, kind, fallback):
+    """Eight processes that all passed the checks rename at the same instant: exactly one wins."""
+    target = tmp_path / ("out" if kind == "dir" else "out.json")
+    go = time.time() + 1.5
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RACE, kind, str(target), str(go), "1" if fallback else "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(8)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    words = sorted(o[0].strip() for o in outs)
+    assert words == ["lost"] * 7 + ["won"], outs
+    assert os.listdir(tmp_path) == [target.name]  # the losers' temporaries are gone
+    winner = next(p.pid for p, o in zip(procs, outs) if o[0].strip() == "won")
+    content = (target / "who" if kind == "dir" else target).read_text()
+    assert content == str(winner)
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+_SLOW = r"""
+import sys, time
+from pathlib import Path
+import onnx_remat.model_io as mio
+marker, where = Path(sys.argv[1]), sys.argv[2]
+def pause():
+    marker.write_text("mid-write")
+    time.sleep(120)
+if where == "copy":  # in the middle of copying the artifacts directory
+    real = mio.shutil.copy2
+    def copy2(src, dst, *a, **k):
+        out = real(src, dst, *a, **k)
+        pause()
+        return out
+    mio.shutil.copy2 = copy2
+else:  # the model written into its temporary, not yet renamed into place
+    real = mio._write_model_into
+    def write(*a, **k):
+        out = real(*a, **k)
+        pause()
+        return out
+    mio._write_model_into = write
+from onnx_remat.cli.entry import main
+main(sys.argv[3:])
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("where, output", [("copy", "R"), ("model", "r.onnx")], ids=["mid-copy", "before-rename"])
+def test_signal_mid_write_leaves_nothing(work, tmp_path, sig, where, output):
+    """The real entry point, slowed down inside the write: the temporary exists when the signal
+    comes; afterwards one word, status 128 + signal, and the folder as it was."""
+    before = snapshot(work)
+    marker = tmp_path / "marker"
+    args = ["apply", "M", "--scope", "FCBlock", "-o", output, "--json", "s.json", "--no-estimate", "-q"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SLOW, str(marker), where, *args],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), proc.communicate()
+    temporaries = [n for n in os.listdir(work) if n.startswith(f".{output}.") and n.endswith(".tmp")]
+    assert temporaries, os.listdir(work)  # really in the middle of the write
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, (out, err)
+    assert err.strip() == ("interrupted" if sig == signal.SIGINT else "terminated"), err
+    assert "Traceback" not in out + err
+    assert snapshot(work) == before
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_at_any_moment_of_apply(work, sig):
+    """The real console script, signalled at several moments: it either finished (a whole output)
+    or stopped with one word and left the folder as it was."""
+    before = snapshot(work)
+    for delay in (0.3, 0.8, 1.4):
+        proc = subprocess.Popen(
+            [*SCRIPT, "apply", "M", "--scope", "FCBlock", "-o", "R", "--json", "s.json"],
+            cwd=work,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+        assert "Traceback" not in out + err and "internal error" not in out + err, err
+        if proc.returncode == 0:  # it was done before the signal
+            assert sorted(os.listdir(work / "R")) == sorted(os.listdir(FC5))
+            json.loads((work / "s.json").read_text())
+            shutil.rmtree(work / "R")
+            os.remove(work / "s.json")
+        else:
+            assert proc.returncode == 128 + sig, (delay, out, err)
+            assert err.strip().splitlines()[-1] in ("interrupted", "terminated"), err
+        assert snapshot(work) == before, delay
+
+
+def _handlers_installed(pid: int) -> bool:
+    """Whether the process catches SIGTERM yet (Python itself only catches SIGINT)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signal.SIGTERM - 1)))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
+def test_ctrl_c_while_modules_import(work, delay):
+    """From the moment the console script has installed its handlers (some 15 ms after the
+    interpreter starts; onnx, numpy and rich take another half second to import): Ctrl-C prints
+    "interrupted", exit status 130, no traceback."""
+    proc = subprocess.Popen(
+        [*SCRIPT, "scopes", "M"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 30
+    while not _handlers_installed(proc.pid) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.001)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    assert (proc.returncode, err.strip()) in ((130, "interrupted"), (0, "")), (proc.returncode, err)
+
+
+def test_sigterm_while_measuring_removes_worker_files(work, tmp_path):
+    """SIGTERM while onnxruntime runs in a worker: the worker is stopped, its files removed."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    proc = subprocess.Popen(
+        [*SCRIPT, "measure", "M", "--steps", "200", "--no-live", "--json", "m.json"],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(tmpdir)),
+    )
+    deadline = time.time() + 60
+    while not any(tmpdir.rglob("spec-*.json")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (out, err)
+    assert err.strip().splitlines()[-1] == "terminated" and "Traceback" not in err, err
+    assert list(tmpdir.iterdir()) == []
+    assert not (work / "m.json").exists()
+    workers = [p for p in Path("/proc").glob("[0-9]*") if _cmdline_has(p, str(tmpdir))]
+    assert not workers
+
+
+def _cmdline_has(proc_dir: Path, text: str) -> bool:
+    try:
+        return text in (proc_dir / "cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return False
+
+
+# -- full and read-only file systems ---------------------------------------------------------------
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", "mount -t tmpfs -o size=4k tmpfs /mnt 2>/dev/null || mount -t tmpfs tmpfs /tmp"],
+        capture_output=True,
+    )
+    return probe.returncode == 0
+
+
+needs_unshare = pytest.mark.skipif(not _unshare_works(), reason="no user namespaces (unshare -rm) here")
+
+_ON_MOUNT = 'mount -t tmpfs -o "$OPTS" tmpfs "$MNT" || exit 99; "$@"; rc=$?; ls -A "$MNT" > "$LISTING"; exit $rc'
+
+
+def run_on_tmpfs(work: Path, opts: str, *args) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run the command with ``work/mnt`` a fresh tmpfs mounted with ``opts`` (``ro``, ``size=16k``);
+    returns the process and what the tmpfs held afterwards."""
+    mnt = work / "mnt"
+    mnt.mkdir(exist_ok=True)
+    listing = work.parent / "listing.txt"
+    env = dict(os.environ, OPTS=opts, MNT=str(mnt), LISTING=str(listing), COLUMNS="120")
+    proc = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", _ON_MOUNT, "sh", *SCRIPT, *map(str, args)],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode != 99, proc.stderr
+    return proc, listing.read_text().split()
+
+
+@needs_unshare
+@pytest.mark.parametrize(
+    "opts, args, fragment",
+    [
+        ("size=16k", ["estimate", "M", "--plot", "mnt/t.png"], "no space left"),
+        ("size=16k", ["estimate", "M", "--plot", "mnt/t.svg"], "no space left"),
+        ("size=4k", ["estimate", "M", "--json", "mnt/e.json"], "no space left"),
+        ("size=1m", ["apply", "M", "--scope", "FCBlock", "-o", "mnt/R"], "no space left"),
+        ("size=16k", ["apply", "m.onnx", "--scope", "runfunc*", "-o", "mnt/r.onnx"], "no space left"),
+        ("size=16k", ["report", "M", "--scope", "FCBlock", "-o", "mnt/r.html"], "no space left"),
+        ("ro", ["apply", "M", "--scope", "FCBlock", "-o", "mnt/R"], "read-only file system"),
+        ("ro", ["scopes", "M", "--json", "mnt/s.json"], "read-only file system"),
+        ("ro", ["viz", "M", "--scope", "FCBlock", "-o", "mnt/g.dot"], "read-only file system"),
+        ("ro", ["check", "M", "--scope", "FCBlock", "--baseline", "mnt/b.json", "--update-baseline"], "read-only"),
+    ],
+    ids=[
+        "plot-png",
+        "plot-svg",
+        "json",
+        "apply-dir",
+        "apply-file",
+        "report",
+        "ro-apply",
+        "ro-json",
+        "ro-viz",
+        "ro-check",
+    ],
+)
+def test_full_or_read_only_file_system(work, opts, args, fragment):
+    (work / "mnt").mkdir()
+    before = snapshot(work)
+    proc, left = run_on_tmpfs(work, opts, *args)
+    assert_refused(proc, 1, fragment)
+    assert left == []  # no truncated picture, no temporary
+    assert snapshot(work) == before
+
+
+@needs_unshare
+@pytest.mark.parametrize("option, path", [("--json", "mnt/s.json"), ("--report", "mnt/r.html")])
+def test_a_later_output_failing_takes_back_the_earlier_ones(work, option, path):
+    """-o is written, then --json/--report cannot be (its file system is full): -o is removed
+    again, so the rerun needs no --force."""
+    (work / "mnt").mkdir()
+    before = snapshot(work)
+    proc, left = run_on_tmpfs(work, "size=4k", "apply", "M", "--scope", "FCBlock", "-o", "R", option, path)
+    assert_refused(proc, 1, "no space left")
+    assert left == [] and snapshot(work) == before
+    ok = run(work, "apply", "M", "--scope", "FCBlock", "-o", "R", "-q")
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_a_folder_even_root_cannot_write(work):
+    """chattr +i: root passes permission bits, not the immutable flag."""
+    folder = work / "imm"
+    folder.mkdir()
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i not supported here")
+    try:
+        before = snapshot(work)
+        assert_refused(run(work, "estimate", "M", "--json", "imm/e.json"), 1, "cannot write (permission denied)")
+        assert snapshot(work) == before
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+# -- deterministic bytes, progress -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["t.svg", "t.png"])
+def test_plots_are_byte_identical_run_to_run(work, name):
+    for out in ("a", "b"):
+        proc = run(work, "estimate", "M", "--scope", "FCBlock", "--plot", f"{out}_{name}")
+        assert proc.returncode == 0, proc.stderr
+    assert (work / f"a_{name}").read_bytes() == (work / f"b_{name}").read_bytes()
+
+
+def test_report_is_byte_identical_unless_a_date_is_asked_for(work):
+    for out in ("a.html", "b.html"):
+        assert run(work, "report", "M", "--scope", "FCBlock", "-o", out).returncode == 0
+    page = (work / "a.html").read_bytes()
+    assert page == (work / "b.html").read_bytes() and b" on 20" not in page
+    stamped = run(work, "report", "M", "--scope", "FCBlock", "-o", "c.html", env={"SOURCE_DATE_EPOCH": "86400"})
+    assert stamped.returncode == 0, stamped.stderr
+    assert b"on 1970-01-02 00:00 UTC" in (work / "c.html").read_bytes()
+    now = run(work, "report", "M", "--scope", "FCBlock", "-o", "d.html", "--timestamp")
+    assert now.returncode == 0 and time.strftime("%Y-") in (work / "d.html").read_text()
+
+
+def test_progress_lines_when_stdout_is_not_a_terminal(work):
+    proc = run(work, "measure", "M", "--steps", "1", "--no-live")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert any("starting onnxruntime" in line for line in lines), lines
+    assert any("done" in line for line in lines), lines
+    assert "planned peak" in proc.stdout and "starting onnxruntime" not in proc.stdout
