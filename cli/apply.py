@@ -157,10 +157,10 @@ def print_apply_summary(result) -> None:
         f"scopes from {result.analysis.scopes.source}"
     )
     table = Table(show_edge=False, header_style="bold")
-    table.add_column("segment")
-    table.add_column("cloned", justify="right")
-    table.add_column("recomputed", justify="right")
-    table.add_column("released", justify="right")
+    table.add_column("segment", overflow="fold")
+    table.add_column("cloned", justify="right", no_wrap=True)
+    table.add_column("recomputed", justify="right", no_wrap=True)
+    table.add_column("released", justify="right", no_wrap=True)
     table.add_column("clones wait for (trigger)", overflow="fold")
     for seg in result.rewrite.segments:
         s = seg.segment

@@ -30,6 +30,7 @@ from onnx_remat.cli.common import (
     selection_options,
     write_json,
 )
+from onnx_remat.cli.tables import progress_display, titled
 from onnx_remat.errors import UsageError
 from onnx_remat.model_io import make_parents
 from onnx_remat.units import format_bytes, parse_percent
@@ -78,7 +79,7 @@ def verdict_table(v) -> Table:
         ("threshold", "left"),
         ("result", "left"),
     ):
-        table.add_column(col, justify=justify)
+        table.add_column(col, justify=justify, overflow="fold")
     for c in v.checks:
         result = Text(c.status, style=_STYLE.get(c.status, ""))
         if c.message:
@@ -213,7 +214,7 @@ def command(
             rtol=rtol,
             **run_kwargs(**options),
         )
-        out.print(verdict_table(v))
+        out.print(titled(verdict_table(v)))
         for line in v.diagnosis:
             out.print(Text(f"note: {line}", style="yellow"))
         out.print(closing_line(v))
@@ -224,7 +225,6 @@ def command(
 
 def _check(out, model, **kwargs):
     """:func:`onnx_remat.runtime.gate.check` with a progress display on ``out``."""
-    from onnx_remat.cli.tables import progress_display
     from onnx_remat.runtime.gate import check
 
     with progress_display(out) as progress:

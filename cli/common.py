@@ -13,6 +13,8 @@ from onnx_remat.model_io import output_session, write_file
 from onnx_remat.units import parse_dims, parse_int_range
 
 console = Console(highlight=False)
+# printed under a table with "+N?" in a bytes column
+UNKNOWN_LEGEND = "+N?: N more tensors whose size shape inference could not tell, not counted in the bytes"
 err_console = Console(stderr=True, highlight=False)
 
 

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from onnx_remat.cli.common import (
+    UNKNOWN_LEGEND,
     console,
     dims_from,
     dims_option,
@@ -109,10 +110,10 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     )
     table = Table(show_edge=False, header_style="bold")
     table.add_column("")
-    table.add_column("planned peak", justify="right")
-    table.add_column("live peak", justify="right")
-    table.add_column("outside block", justify="right")
-    table.add_column("peak at")
+    table.add_column("planned peak", justify="right", no_wrap=True)
+    table.add_column("live peak", justify="right", no_wrap=True)
+    table.add_column("outside block", justify="right", no_wrap=True)
+    table.add_column("peak at", overflow="fold")
     rows = [("before", before)] + ([("after", after)] if after is not None else [])
     for label, est in rows:
         table.add_row(
@@ -145,11 +146,11 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     scope_rows = scope_rows[:max_scopes]
     if scope_rows:
         st = Table(show_edge=False, header_style="bold")
-        st.add_column("scope")
-        st.add_column("class")
-        st.add_column("stored", justify="right")
-        st.add_column("recompute releases", justify="right")
-        st.add_column("alive at the peak", justify="right")
+        st.add_column("scope", overflow="fold")
+        st.add_column("class", overflow="fold")
+        st.add_column("stored", justify="right", no_wrap=True)
+        st.add_column("recompute releases", justify="right", no_wrap=True)
+        st.add_column("alive at the peak", justify="right", no_wrap=True)
         for s in scope_rows:
             stored = format_bytes(s.stored_bytes) + (f" +{s.stored_unknown}?" if s.stored_unknown else "")
             st.add_row(
@@ -162,6 +163,8 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
         console.print(st)
         if hidden:
             console.print(f"[dim]... {hidden} more scopes (all of them in --json)[/]")
+        if any(s.stored_unknown for s in scope_rows):
+            console.print(UNKNOWN_LEGEND)
     for s in result.skipped:
         console.print(f"[yellow]skipped[/] {s['label']}: {s['reason']}")
     print_notes(result.notes)

@@ -43,12 +43,12 @@ def _scopes(model, dims, depth, json_out, force) -> None:
     analysis = analyze_model(model, dims=dims_from(dims))
     report = scope_report(analysis, max_depth=depth)
     table = Table(show_edge=False, header_style="bold")
-    table.add_column("scope")
-    table.add_column("class")
-    table.add_column("nodes", justify="right")
-    table.add_column("stashed", justify="right")
-    table.add_column("recompute releases", justify="right")
-    table.add_column("repeated")
+    table.add_column("scope", overflow="fold")
+    table.add_column("class", overflow="fold")
+    table.add_column("nodes", justify="right", no_wrap=True)
+    table.add_column("stashed", justify="right", no_wrap=True)
+    table.add_column("recompute releases", justify="right", no_wrap=True)
+    table.add_column("repeated", overflow="fold")
     for row in report.rows:
         stashed = format_bytes(row.stashed_bytes) + (f" +{row.stashed_unknown}?" if row.stashed_unknown else "")
         releases = format_bytes(row.releasable_bytes) + (
@@ -78,7 +78,7 @@ def _scopes(model, dims, depth, json_out, force) -> None:
             if report.unknown_symbols
             else "shape inference could not tell their shapes"
         )
-        console.print(f"+N?: N more tensors whose size is unknown, not counted in the bytes ({why})")
+        console.print(f"+N?: N more tensors of unknown size, not counted in the bytes ({why})")
     elif report.unknown_symbols:
         console.print(
             "[yellow]sizes depend on unbound dimensions[/] "

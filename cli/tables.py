@@ -80,7 +80,7 @@ def inputs_table(m: Measurement) -> Table:
     """How each data input (and synthesized parameter) was made."""
     table = Table(title="inputs", box=box.SIMPLE, title_justify="left")
     for col in ("input", "shape", "dtype", "values"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     ckpt = [n for n, i in m.inputs.items() if i.source == "checkpoint"]
     for name, info in m.inputs.items():
         if info.source == "checkpoint":
@@ -114,7 +114,7 @@ def rewrite_table(check: RewriteCheck) -> Table | None:
     )
     table = Table(title=title, box=box.SIMPLE, title_justify="left")
     for col in ("segment", "clones kept", "ran", "barrier", "after trigger", "after forward"):
-        table.add_column(col, justify="left" if col == "segment" else "right")
+        table.add_column(col, justify="left" if col == "segment" else "right", overflow="fold")
     for s in check.segments:
         table.add_row(
             s.label,
@@ -127,18 +127,28 @@ def rewrite_table(check: RewriteCheck) -> Table | None:
     return table
 
 
+def titled(table: Table) -> Group:
+    """The table with its title as a line of its own above it: rich wraps a title to the table's
+    width, which cut model paths and the run settings in two."""
+    title = table.title
+    table.title = None
+    if title is None:
+        return Group(table)
+    return Group(Text.from_markup(title) if isinstance(title, str) else title, table)
+
+
 def _notes(notes: list[str], prefix: str = "") -> list[Text]:
     return [Text(f"note: {prefix}{n}", style="yellow") for n in notes]
 
 
 def render_measurement(m: Measurement, *, show_inputs: bool = True) -> Group:
     """Everything about one measurement, ready for ``console.print``."""
-    parts: list = [measurement_table(m)]
+    parts: list = [titled(measurement_table(m))]
     if show_inputs and m.inputs:
-        parts.append(inputs_table(m))
+        parts.append(titled(inputs_table(m)))
     rt = rewrite_table(m.rewrite)
     if rt is not None:
-        parts.append(rt)
+        parts.append(titled(rt))
     parts.extend(_notes(m.notes + m.rewrite.notes))
     return Group(*parts)
 
@@ -180,7 +190,7 @@ def differences_table(c: Comparison, limit: int = 20) -> Table | None:
     if not names:
         return None
     table = Table(title="outputs that differ", box=box.SIMPLE, title_justify="left")
-    table.add_column("output")
+    table.add_column("output", overflow="fold")
     table.add_column("max |B - A|", justify="right")
     for name in names[:limit]:
         if name in c.only_in_a:
@@ -217,17 +227,17 @@ def verdict(c: Comparison) -> Text:
 def render_comparison(c: Comparison, *, with_verdict: bool = True) -> Group:
     """Everything about a comparison, verdict last (print that one with ``soft_wrap=True``, see
     :func:`print_comparison`, so a narrow terminal does not break the PASSED/FAILED line)."""
-    parts: list = [comparison_table(c)]
+    parts: list = [titled(comparison_table(c))]
     for tag, m in (("A", c.a), ("B", c.b)):
         rt = rewrite_table(m.rewrite)
         if rt is not None:
             rt.title = f"{tag}: {rt.title}"
-            parts.append(rt)
+            parts.append(titled(rt))
     parts.extend(_notes(c.a.notes + c.a.rewrite.notes, "A: "))
     parts.extend(_notes(c.b.notes + c.b.rewrite.notes, "B: "))
     dt = differences_table(c)
     if dt is not None:
-        parts.append(dt)
+        parts.append(titled(dt))
     if with_verdict:
         parts.append(verdict(c))
     return Group(*parts)

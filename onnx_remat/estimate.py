@@ -511,15 +511,24 @@ def _add_notes(result: EstimateResult) -> None:
         if est is None:
             continue
         if est.unknown:
+            n = len(est.unknown)
             result.notes.append(
-                f"{label}: {len(est.unknown)} activations of unknown size are not counted "
-                f"(e.g. {', '.join(est.unknown[:3])})"
+                f"{label}: {plural(n, 'activation')} of unknown size {'is' if n == 1 else 'are'} not counted "
+                f"({'e.g. ' if n > 3 else ''}{', '.join(est.unknown[:3])})"
             )
         if est.outside_block:
+            n = len(est.outside_block)
+            have = "has" if n == 1 else "have"
             result.notes.append(
-                f"{label}: {len(est.outside_block)} tensors ({_mib(est.outside_block_bytes)} in all) have shapes "
+                f"{label}: {plural(n, 'tensor')} ({_mib(est.outside_block_bytes)} in all) {have} shapes "
                 "onnxruntime learns only at run time; it allocates them outside the planned block"
             )
+
+
+def plural(n: int, word: str) -> str:
+    from onnx_remat.units import plural as _plural
+
+    return _plural(n, word)
 
 
 def _mib(n: int) -> str:

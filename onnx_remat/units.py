@@ -34,6 +34,11 @@ def format_bytes(n: int | float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``plural(1, 'tensor')`` -> ``'1 tensor'``, ``plural(3, 'tensor')`` -> ``'3 tensors'``."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def format_ratio(after: float | None, before: float | None) -> str:
     """``after/before`` as ``'x0.33'``; ``'?'`` when either is unknown or before is zero."""
     if after is None or not before:

@@ -27,7 +27,7 @@ from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
 from onnx_remat.remat.random_ops import is_random
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
-from onnx_remat.units import format_bytes
+from onnx_remat.units import format_bytes, plural
 
 if TYPE_CHECKING:
     from onnx_remat.estimate import MemoryEstimate
@@ -201,7 +201,8 @@ def apply(
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
-        notes.append(f"{len(unknown)} tensors of unknown size are not counted in the bytes released{hint}")
+        verb = "is" if len(unknown) == 1 else "are"
+        notes.append(f"{plural(len(unknown), 'tensor')} of unknown size {verb} not counted in the bytes released{hint}")
     return ApplyResult(
         model=rewrite.model,
         plan=recompute_plan,
