@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 # SIGHUP: the terminal went away; same clean exit as SIGTERM.
 SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
-_WORDS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+_WORDS: dict[int, str] = {int(signal.SIGINT): "interrupted", int(signal.SIGTERM): "terminated"}
 
 
 class Interrupted(KeyboardInterrupt):

@@ -371,9 +371,9 @@ def check_output(
         protected.extend(session.inputs)
         if option == "output":  # name the option the user gave this path with, where claimed
             option = session.claimed.get(_resolved(out), (option, False))[0]
-    for p in inputs:
-        if p is not None and Path(p).exists():
-            protected.append(_Protected(_resolved(Path(p)), Path(p).is_dir(), "input"))
+    for given in inputs:
+        if given is not None and Path(given).exists():
+            protected.append(_Protected(_resolved(Path(given)), Path(given).is_dir(), "input"))
     target = _resolved(out)
     exists = out.exists() or out.is_symlink()
     for p in protected:

@@ -9,6 +9,7 @@ which scopes are repeated layers (``blocks.0`` .. ``blocks.9``, 10 x ``Block``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.scopes import Scope
@@ -157,7 +158,7 @@ def _regroup_containers(groups: list[list[Scope]]) -> list[list[Scope]]:
     return out
 
 
-def suggestions(tree) -> list[dict]:
+def suggestions(tree) -> list[dict[str, Any]]:
     """What to give ``--scope`` for per-block recompute, best first.
 
     With class names: every class of the user's own (not torch.nn's) with two or more
@@ -180,7 +181,9 @@ def suggestions(tree) -> list[dict]:
         short = cls.rsplit(".", 1)[-1]
         ranked.append((depth, -len(outer), short, [sc.path for sc in outer], cls))
     ranked.sort(key=lambda r: (r[0], r[1], r[2]))
-    out = [{"pattern": short, "scopes": paths, "count": len(paths), "class": cls} for _, _, short, paths, cls in ranked]
+    out: list[dict[str, Any]] = [
+        {"pattern": short, "scopes": paths, "count": len(paths), "class": cls} for _, _, short, paths, cls in ranked
+    ]
     if out:
         return out
     for group in tree.repeated_layers():

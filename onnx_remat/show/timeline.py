@@ -129,9 +129,8 @@ def _short(name: str, n: int = 48) -> str:
     return name if len(name) <= n else "…" + name[-(n - 1) :]
 
 
-# matplotlib's SVG carries the date and random ids (clip paths, glyphs): fixed here, so the same
-# estimate gives the same bytes. PNG carries neither.
-_SVG_RC = {"svg.hashsalt": "onnx-remat"}
+# matplotlib's SVG carries the date and random ids (clip paths, glyphs): fixed here (no date, a
+# fixed hash salt for the ids), so the same estimate gives the same bytes. PNG carries neither.
 _NO_DATE = {"Date": None}
 
 
@@ -141,7 +140,7 @@ def render(source, fmt: str, *, title: str | None = None) -> bytes:
     from matplotlib import rc_context
 
     buf = io.BytesIO()
-    with rc_context(_SVG_RC):
+    with rc_context({"svg.hashsalt": "onnx-remat"}):
         fig.savefig(buf, format=fmt, dpi=100, metadata=_NO_DATE if fmt == "svg" else None)
     return buf.getvalue()
 
