@@ -98,7 +98,7 @@ def test_truncated(cli, tmp_path):
 
 def test_forward_only_graph(cli, tmp_path):
     proc = cli("apply", artifacts_dir("blocks10") / "eval_model.onnx", "--scope", "Block", "-o", tmp_path / "x.onnx")
-    assert_one_line_error(proc, "forward-only graph", "generate_artifacts")
+    assert_one_line_error(proc, "forward-only graph", "give the training graph beside it", "training_model.onnx")
     assert _listing(tmp_path) == []
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,8 @@ def _cli(*args):
 def _one_line_error(result, code=1, *fragments):
     assert result.exit_code == code, (result.exit_code, result.output)
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    err = result.stderr.strip()
+    # progress lines ("[12:00:01] ... starting onnxruntime") may come first: stdout is not a terminal
+    err = "\n".join(line for line in result.stderr.strip().splitlines() if not re.match(r"\[\d\d:\d\d:\d\d\] ", line))
     assert err.startswith("error: ") and "\n" not in err, err
     assert "Traceback" not in result.output
     for fragment in fragments:

@@ -82,6 +82,7 @@ def template(tmp_path_factory) -> Path:
     np.savez(w / "obj.npz", inputs=np.array([{"a": 1}], dtype=object))
     np.savez(w / "ok.npz", inputs=np.zeros((2048, 256), np.float32))
     (w / "ck").write_bytes(b"garbage, not a checkpoint" * 10)
+    (w / "ck_odtc").write_bytes(b"\x08\x00\x00\x00ODTC" + b"\xff" * 64)  # the right header, then rubbish
     (w / "order_other.json").write_text(json.dumps(["no_such_node_a", "no_such_node_b"]))
     (w / "bad.json").write_text("{ not json")
     os.mkfifo(w / "fifo")
@@ -161,6 +162,7 @@ def assert_refused(proc: subprocess.CompletedProcess, code: int, *fragments: str
     assert proc.returncode == code, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert "onnxruntime_src" not in lines[0] and ".cc:" not in lines[0], lines[0]  # no C++ source paths
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
 
@@ -254,6 +256,12 @@ CASES = [
     ("measure-inputs-fifo", ["measure", "M", "--inputs", "fifo"], 1, "not a regular file"),
     ("measure-json-over-inputs", ["measure", "M", "--inputs", "ok.npz", "--json", "ok.npz", "--force"], 2, "--inputs"),
     ("measure-checkpoint-garbage", ["measure", "M", "--checkpoint", "ck"], 1, "not an onnxruntime-training checkpoint"),
+    (
+        "measure-checkpoint-corrupt",
+        ["measure", "M", "--checkpoint", "ck_odtc"],
+        1,
+        "ck_odtc: cannot read the checkpoint",
+    ),
     ("measure-checkpoint-dir", ["measure", "M", "--checkpoint", "emptydir"], 1, "not a regular file"),
     ("measure-eval-model", ["measure", "M/eval_model.onnx"], 1, "forward-only graph"),
     ("measure-steps-zero", ["measure", "M", "--steps", "0"], 2, "--steps"),
@@ -364,6 +372,23 @@ def test_at_least_60_cases_over_every_subcommand():
     commands = {c[1][0] for c in CASES}
     assert len(CASES) >= 60
     assert {"scopes", "apply", "estimate", "measure", "compare", "check", "viz", "report"} <= commands
+
+
+def test_external_data_written_beside_the_output_from_any_folder(work):
+    """A model with external data, written from another folder, through a symlinked folder and to
+    an absolute path: the data file lands beside each output and the model loads."""
+    from onnx_remat.model_io import load_model
+
+    (work / "sub").mkdir()
+    (work / "real").mkdir()
+    os.symlink(work / "real", work / "link")
+    for out, where in (("../o1.onnx", work), ("../link/o2.onnx", work / "real"), (str(work / "o3.onnx"), work)):
+        proc = run(work / "sub", "apply", "../ext/e.onnx", "--scope", "runfunc*", "-o", out, "--no-estimate", "-q")
+        assert proc.returncode == 0, proc.stderr
+        name = Path(out).name
+        assert (where / (name + ".data")).is_file(), os.listdir(where)
+        assert load_model(where / name).external_data
+    assert os.listdir(work / "sub") == []
 
 
 # -- two writers, one output -----------------------------------------------------------------------
