@@ -774,7 +774,7 @@ def to_markdown(report: dict) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, text)
+    write_file(path, text, force=True)  # results are rewritten on every run
 
 
 # -- the run -------------------------------------------------------------------------------------
