@@ -56,11 +56,15 @@ def _handler(signum: int, frame) -> None:
 
 
 def install() -> None:
-    """Make SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` (main thread only; else a no-op)."""
+    """Make SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` (main thread only; else a no-op).
+
+    A signal the process was started ignoring stays ignored (``nohup`` ignores SIGHUP, a shell
+    ignores SIGINT for background jobs): only the default dispositions are replaced."""
     if threading.current_thread() is not threading.main_thread():
         return
     for s in SIGNALS:
-        signal.signal(s, _handler)
+        if signal.getsignal(s) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(s, _handler)
 
 
 def installed() -> bool:
