@@ -35,7 +35,7 @@ def cli(tmp_path_factory):
     repository."""
 
     def run(*args, cwd=None, env=None):
-        full_env = dict(os.environ, COLUMNS="200", **(env or {}))
+        full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
         return subprocess.run(
             _console_script() + [str(a) for a in args],
             capture_output=True,
