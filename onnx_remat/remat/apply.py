@@ -25,7 +25,7 @@ from onnx_remat.model_io import TRAINING_MODEL, save_model, write_artifacts
 from onnx_remat.ortsim.optimizer import execution_order
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
-from onnx_remat.remat.random_ops import is_random
+from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode, is_random
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
 from onnx_remat.units import format_bytes
 
@@ -119,6 +119,7 @@ def plan(
     op_types: str | Iterable[str] | None = None,
     nodes: str | Iterable[str] | None = None,
     recompute_outputs: bool = False,
+    dropout: str = DEFAULT_DROPOUT,
 ) -> RecomputePlan:
     """The recompute plan for a selection, without rewriting (used by ``apply`` and ``estimate``)."""
     selection = Selection(
@@ -127,7 +128,7 @@ def plan(
         nodes=list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes),
         recompute_outputs=recompute_outputs,
     )
-    return Planner(analysis.graph, analysis.scopes, analysis.sizes).plan(selection)
+    return Planner(analysis.graph, analysis.scopes, analysis.sizes, dropout=dropout).plan(selection)
 
 
 def apply(
@@ -140,6 +141,8 @@ def apply(
     dims: dict[str, int] | None = None,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     check_peak: bool = True,
+    dropout: str = DEFAULT_DROPOUT,
+    dropout_seed: int = 0,
 ) -> ApplyResult:
     """Recompute the selected activations of a training graph; returns an :class:`ApplyResult`.
 
@@ -151,6 +154,14 @@ def apply(
     ``recompute_outputs`` merges adjacent recomputed scopes (MindSpore's ``output_recompute``).
     ``dims`` binds symbolic dimensions for the memory figures.
 
+    ``dropout`` says how a recomputed ``Dropout`` gets its mask back
+    (:mod:`onnx_remat.remat.random_ops`): ``"packed"`` (default) stores it at one bit per element
+    and replays it bit-identically; ``"byte"`` stores it as it is (one byte per element);
+    ``"seed"`` stores none and draws again from a seed given to the forward Dropout as well
+    (``dropout_seed`` shifts the seeds): the recomputed mask equals the forward one, but the
+    random stream differs from the original graph's, so loss and gradients are not
+    bit-identical to it by design.
+
     With ``check_peak`` (the default) the planned peak of the original and of the rewrite are
     estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before`` /
     ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
@@ -160,6 +171,7 @@ def apply(
     """
     from onnx_remat.estimate import estimate_original, estimate_rewritten
 
+    check_dropout_mode(dropout)
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
     notes: list[str] = []
@@ -171,7 +183,9 @@ def apply(
             notes.append(f"the planned peak was not checked: {exc}")
     order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
 
-    full_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
+    full_plan = plan(
+        analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=dropout
+    )
     dropped: dict[str, str] = {}
     while True:
         recompute_plan = dataclasses.replace(
@@ -181,7 +195,7 @@ def apply(
         )
         if not recompute_plan.segments:
             raise RematError(nothing_to_recompute(recompute_plan))
-        rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+        rewrite = RecomputeRewrite(random_order=order, dropout_seed=dropout_seed)(analysis.graph, recompute_plan)
         if before is None:
             after = None
             break
