@@ -11,6 +11,7 @@ from onnx_remat.cli.common import (
     console,
     dims_from,
     dims_option,
+    dropout_option,
     json_option,
     model_argument,
     selection_options,
@@ -25,6 +26,7 @@ from onnx_remat.units import format_bytes, format_ratio
 @click.command("estimate")
 @model_argument
 @selection_options
+@dropout_option
 @dims_option
 @json_option
 @click.option(
@@ -52,7 +54,9 @@ from onnx_remat.units import format_bytes, format_ratio
     show_default=True,
     help="How many of the tensors alive at the peak to list.",
 )
-def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, plot_out, order_file, depth, top):
+def command(
+    model, scopes, op_types, nodes, recompute_outputs, dropout, dims, json_out, plot_out, order_file, depth, top
+):
     """Estimate the activation memory of one training step of MODEL, without running it.
 
     The planned peak is the block onnxruntime 1.19 (CPU) allocates for a step's activations:
@@ -76,6 +80,7 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
         op_types=op_types,
         nodes=nodes,
         recompute_outputs=recompute_outputs,
+        dropout=dropout,
         dims=dims_from(dims),
         execution_order=read_execution_order(order_file) if order_file else None,
     )
@@ -115,9 +120,13 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     console.print(table)
     if after is not None:
         sel = result.selection or {}
+        masks = sum(len(s.get("masks", [])) for s in result.segments or [])
+        mask_words = f"; {masks} dropout masks, {format_bytes(sel.get('mask_bytes', 0))} stored ({sel.get('dropout')})"
         console.print(
             f"after/before: [bold]{format_ratio(after.planned_peak_bytes, before.planned_peak_bytes)}[/] "
-            f"({sel.get('cloned_nodes', 0)} nodes cloned in {sel.get('segments', 0)} segments)"
+            f"({sel.get('cloned_nodes', 0)} nodes cloned in {sel.get('segments', 0)} segments"
+            + (mask_words if masks else "")
+            + ")"
         )
     if top:
         for label, est in rows:

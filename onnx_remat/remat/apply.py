@@ -83,8 +83,19 @@ class ApplyResult:
             return write_artifacts(src.artifacts_dir, out, self.model, force=force)
         return save_model(self.model, out, force=force, inputs=inputs, external_data=external or None)
 
+    @property
+    def dropout(self) -> str:
+        """How dropout masks are kept: ``packed``, ``seed`` or ``byte`` (see :func:`apply`)."""
+        return self.plan.dropout
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes the rewrite stores for the dropout masks its segments replay (each mask once)."""
+        return self.plan.mask_bytes
+
     def summary(self) -> dict:
-        """JSON-ready summary: the model, counts and one entry per segment."""
+        """JSON-ready summary: the model, counts and one entry per segment (with its ``masks`` and
+        ``mask_bytes``: the dropout masks its clones replay and the bytes stored for them)."""
         return {
             "model": self.analysis.name,
             "graph": self.analysis.graph.counts(),
@@ -94,7 +105,19 @@ class ApplyResult:
             "notes": self.plan.notes + self.notes,
             "cloned_nodes": self.clone_count,
             "released_bytes": self.released_bytes,
+            "dropout": self.dropout,
+            "masks": len(self.plan.masks),
+            "mask_bytes": self.mask_bytes,
+            "dropout_seeds": dict(self.rewrite.dropout_seeds),
         }
+
+
+SEED_NOTE = (
+    "dropout=seed: {n} Dropouts now draw from seeds of their own (their recompute draws the same masks), "
+    "not from onnxruntime's global generator: the random stream differs from the original graph's, so loss "
+    "and gradients are not bit-identical to it by design (onnx-remat compare checks them against the "
+    "original with the same seeds)"
+)
 
 
 def _has_random_ops(analysis: ModelAnalysis) -> bool:
@@ -207,6 +230,8 @@ def apply(
         to = format_bytes(after.planned_peak_bytes)
         dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
     check_runtime_support(rewrite.model, "rewritten model")
+    if rewrite.dropout_seeds:
+        notes.append(SEED_NOTE.format(n=len(rewrite.dropout_seeds)))
     unknown = recompute_plan.unknown_sizes
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)

@@ -285,8 +285,9 @@ class Planner:
                 kept, skipped, notes = self._build(selection)
                 names = ", ".join(n.name or n.op for n in hold)
                 notes.append(
-                    f"dropout masks of {names} stay one byte per element: segment {first.label} is recomputed "
-                    "first in the backward pass, right after the forward pass, where packing them saves nothing"
+                    f"dropout mask{'s' if len(hold) > 1 else ''} of {names} kept at one byte per element: segment "
+                    f"{first.label} is recomputed first, right after the forward pass, where unpacking costs more "
+                    "than packing saves"
                 )
         shapes = {t.name: self.sizes.raw_dims(t.name) for s in kept for t in s.masks}
         return RecomputePlan(segments=kept, skipped=skipped, notes=notes, dropout=self.dropout, mask_shapes=shapes)
