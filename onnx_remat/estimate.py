@@ -425,7 +425,8 @@ def estimate(
     estimates ``apply`` made are reused where the order and optimizations are the defaults).
     ``scopes`` / ``op_types`` / ``nodes`` / ``recompute_outputs`` / ``dropout`` select what to
     recompute and how dropout masks are kept, as :func:`onnx_remat.apply` takes them; without a
-    selection (and without an ApplyResult) only ``before`` is estimated. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
+    selection (and without an ApplyResult) only ``before`` is estimated. ``dims`` binds symbolic
+    dimensions (``{"batch": 8}``).
     ``execution_order`` / ``after_execution_order``: node names in the order onnxruntime ran them
     (e.g. from a profile) instead of the emulated DEFAULT order. ``runtime_optimizations=False``
     estimates the graph as written, without onnxruntime's rewrites. Whatever it is given, the
