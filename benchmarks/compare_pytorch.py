@@ -32,8 +32,9 @@ eager). To explain a gap between onnx-remat's and PyTorch's peak ratio, the run 
 each keeps stored for its recompute: onnx-remat, what its recomputed segments keep from the
 forward pass (block inputs, outputs read outside the block, dropout masks); PyTorch, the inputs
 of the checkpointed blocks. onnxruntime's Dropout draws from a global generator that cannot be
-replayed, so a bit-identical recompute keeps each mask and replays the output from it; PyTorch
-saves the RNG state instead and draws the same mask again.
+replayed, so a bit-identical recompute keeps each mask (onnx-remat's default: packed to one bit
+per element) and replays the output from it; PyTorch saves the RNG state instead and draws the
+same mask again. The onnx-remat rows use ``apply``'s defaults (``dropout="packed"``).
 
 ``--artifacts DIR`` adds an artifacts directory (or training graph) of your own: onnxruntime rows
 only, with synthesized inputs, scope from ``--scope`` (default: the block scope of the model of
@@ -186,8 +187,8 @@ def stored_for_recompute(result) -> dict:
 
     Per segment of the plan: its boundary (the tensors its clones recompute from: block inputs)
     and what it keeps (outputs read outside it, random ops' outputs: dropout masks); for a
-    training-mode Dropout the rewrite replays, its mask. Counted once each; parameters and
-    constants left out. Split into dropout masks and the rest.
+    training-mode Dropout the rewrite replays, its mask as stored (packed: one bit per element).
+    Counted once each; parameters and constants left out. Split into dropout masks and the rest.
     """
     import onnx_graphsurgeon as gs
 
@@ -198,9 +199,9 @@ def stored_for_recompute(result) -> dict:
     masks: dict[str, int | None] = {}
     other: dict[str, int | None] = {}
     for seg in result.plan.segments:
-        for node in seg.recompute:
-            if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1].name:
-                masks[node.outputs[1].name] = sizes.nbytes(node.outputs[1].name)
+        # Bytes stored per replayed mask: one per element, one bit (packed, the default) or none (seed).
+        masks.update(seg.mask_storage)
+        masks.update({t.name: None for t in seg.masks if t.name not in seg.mask_storage})
         for t in list(seg.boundary) + list(seg.kept):
             if isinstance(t, gs.Constant) or not t.name or t.name in params:
                 continue
@@ -230,6 +231,7 @@ def peak_breakdown(source, scope: str) -> dict | None:
     try:
         import onnx_remat
         from onnx_remat.estimate import estimate
+        from onnx_remat.graph import tags
     except ImportError:
         return None
     try:
@@ -248,6 +250,8 @@ def peak_breakdown(source, scope: str) -> dict | None:
             readers.setdefault(name, []).append(node.name)
         if node.op_type == "Dropout" and len(node.output) > 1:
             masks.add(node.output[1])
+        if tags.is_pack_name(node.name):  # a mask packed to bits (its buffers: the packed bytes)
+            masks.update(node.output)
     out = {
         "estimated_peak_bytes": after.planned_peak_bytes,
         "peak_node": after.peak_node,
@@ -732,7 +736,8 @@ def to_markdown(report: dict) -> str:
         "## What each keeps stored for its recompute, and what fills onnx-remat's peak",
         "",
         "onnx-remat: the tensors its recomputed blocks keep from the forward pass (their inputs, the outputs read "
-        "outside them, dropout masks), counted once, parameters left out. PyTorch checkpoint: the tensor inputs of "
+        "outside them, dropout masks as stored: packed to one bit per element), counted once, parameters left "
+        "out. PyTorch checkpoint: the tensor inputs of "
         "the checkpointed blocks (it saves the RNG state and re-draws dropout masks). At the peak: the tensors alive "
         "when onnxruntime's planned block reaches its size, from `onnx_remat.estimate` (a simulation of "
         "onnxruntime's planner; its peak is given beside the measured one); held for reuse: buffers alive at the "

@@ -378,10 +378,10 @@ def check_dims(analysis: ModelAnalysis) -> None:
         )
 
 
-def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate) -> list[ScopeMemory]:
+def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate, dropout: str) -> list[ScopeMemory]:
     from onnx_remat.analysis.scope_table import scope_report
 
-    report = scope_report(analysis)
+    report = scope_report(analysis, dropout=dropout)
     live_by_scope: dict[str, int] = {}
     for t in before.live_at_peak:
         path = t.scope
@@ -459,7 +459,7 @@ def estimate(
                                    runtime_optimizations=runtime_optimizations)
     result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
     if scope_table:
-        result.scopes = _scope_rows(analysis, before)
+        result.scopes = _scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
     if applied is not None:
         after = applied.estimate_after if defaults and after_execution_order is None else None
         if after is None:
