@@ -179,7 +179,8 @@ def apply(
 
     ``dropout`` says how a recomputed ``Dropout`` gets its mask back
     (:mod:`onnx_remat.remat.random_ops`): ``"packed"`` (default) stores it at one bit per element
-    and replays it bit-identically; ``"byte"`` stores it as it is (one byte per element);
+    and replays it bit-identically (with ``check_peak``, unless the estimate is lower with the
+    masks as bytes: then they stay bytes, and a note says so); ``"byte"`` stores it as it is (one byte per element);
     ``"seed"`` stores none and draws again from a seed given to the forward Dropout as well
     (``dropout_seed`` shifts the seeds): the recomputed mask equals the forward one, but the
     random stream differs from the original graph's, so loss and gradients are not
@@ -237,7 +238,7 @@ def apply(
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
         notes.append(f"{len(unknown)} tensors of unknown size are not counted in the bytes released{hint}")
-    return ApplyResult(
+    result = ApplyResult(
         model=rewrite.model,
         plan=recompute_plan,
         rewrite=rewrite,
@@ -246,6 +247,27 @@ def apply(
         estimate_before=before,
         estimate_after=after,
     )
+    if dropout == "packed" and after is not None and rewrite.packed_masks:
+        # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
+        # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
+        # earlier block's masks again), the masks stay bytes.
+        byte = apply(
+            analysis,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            check_peak=True,
+            dropout="byte",
+        )
+        lower = byte.estimate_after.planned_peak_bytes if byte.estimate_after is not None else None
+        if lower is not None and lower < after.planned_peak_bytes:
+            byte.notes.append(
+                "dropout masks kept at one byte per element: packing them raises the estimated planned peak "
+                f"({format_bytes(after.planned_peak_bytes)} against {format_bytes(lower)})"
+            )
+            return byte
+    return result
 
 
 def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:

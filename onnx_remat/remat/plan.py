@@ -279,7 +279,13 @@ class Planner:
             # again, plus scratch that onnxruntime's planner then keeps for every later unpack)
             # than their bytes saved in the forward pass's last layers. They stay bytes.
             first = self._first_in_backward(kept)
-            hold = [n for n in first.recompute if self._packable(n)] if first is not None else []
+            # Its own masks: the targets its backward readers need (a stage of --recompute-outputs
+            # replays the earlier blocks' Dropouts too; their masks are needed later).
+            hold = (
+                [p for t in first.targets if self._is_mask(t) and (p := producer(t)) is not None and self._packable(p)]
+                if first is not None
+                else []
+            )
             if first is not None and hold:
                 self._keep_bytes.update(id(n) for n in hold)
                 kept, skipped, notes = self._build(selection)
@@ -585,8 +591,8 @@ class Planner:
         for n in recompute:
             inputs = list(n.inputs)
             if is_replayable(n):
-                if self.dropout == "byte":
-                    inputs.append(n.outputs[1])  # the replay reads the stored mask
+                if self.dropout == "byte" or (self.dropout == "packed" and not self._packable(n)):
+                    inputs.append(n.outputs[1])  # the replay reads the mask stored as it is
                 elif not self._replays_output(n, inside, target_names):
                     inputs = []  # the packed mask alone is unpacked (it is no boundary tensor)
             for t in inputs:

@@ -588,7 +588,11 @@ class RecomputeRewrite:
                 outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
                 clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
                 what = f"replays Dropout {node.name} from its packed mask"
-            elif id(node) in self._seeded and not self._output_needed(node, inside, target_names):
+            elif (
+                id(node) in self._seeded
+                and not self._output_needed(node, inside, target_names)
+                and all(is_seedable_gradient(c, node.outputs[1]) for c in node.outputs[1].outputs if tg.is_backward(c))
+            ):
                 continue  # only the mask is needed, and its gradient nodes draw it themselves
             elif replay:
                 inputs = [source(t) for t in replay_inputs(node, node.inputs[0])]

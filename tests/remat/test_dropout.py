@@ -222,3 +222,12 @@ def test_seed_check_models(seeded):
     assert all(p.forward in names and p.recomputed in names for p in pairs)
     with pytest.raises(RematError, match="A has no Dropout named"):
         seeded_reference(original, {"nope": 1})
+
+
+def test_masks_stay_bytes_where_packing_would_raise_the_estimated_peak():
+    """--recompute-outputs stages unpack every earlier block's masks again: there bytes are lower."""
+    staged = apply(artifacts_dir("blocks10"), scopes="Block", recompute_outputs=True)
+    assert staged.dropout == "byte" and not staged.rewrite.packed_masks
+    assert any("packing them raises the estimated planned peak" in n for n in staged.notes)
+    per_block = apply(artifacts_dir("blocks10"), scopes="Block")
+    assert per_block.dropout == "packed" and len(per_block.rewrite.packed_masks) == 9
