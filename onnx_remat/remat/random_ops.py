@@ -15,16 +15,18 @@ ways (``dropout=``, :data:`DROPOUT_MODES`):
 ``byte``
     the same replay from the mask stored as it is, one byte per element.
 ``seed``
-    no mask stored: the forward Dropout gets a ``seed`` attribute and the recompute is a second
-    ``Dropout`` with the same seed. With a ``seed`` onnxruntime gives each Dropout kernel a
-    generator of its own (``RandomGenerator(seed)`` on CPU, ``PhiloxGenerator(seed)`` on CUDA,
-    core/providers/{cpu,cuda}/nn/dropout*), and each draw advances it by one step (CPU: the
-    seed of ``std::default_random_engine`` goes ``seed, seed + 1, ...``; CUDA: the Philox offset
-    grows by an amount set by the element count and the device), so two kernels seeded alike and
-    run once per training step draw the same masks step after step (measured on CPU,
-    tests/remat/test_dropout.py; CUDA read from the source, not run). The random stream differs
-    from the original graph's, which draws from onnxruntime's global generator: loss and
-    gradients equal the original's only with the same seeds (``onnx-remat compare`` checks that).
+    no mask stored: the forward Dropout gets a ``seed`` attribute, the recompute of its output is
+    a second ``Dropout`` with the same seed, and its ``DropoutGrad(dy, mask)`` becomes
+    ``Dropout(dy)`` with that seed (:func:`is_seedable_gradient`). With a ``seed`` onnxruntime
+    gives each Dropout kernel a generator of its own (``RandomGenerator(seed)`` on CPU,
+    ``PhiloxGenerator(seed)`` on CUDA, core/providers/{cpu,cuda}/nn/dropout*), and each draw
+    advances it by one step (CPU: the seed of ``std::default_random_engine`` goes ``seed,
+    seed + 1, ...``; CUDA: the Philox offset grows by an amount set by the element count and the
+    device), so two kernels seeded alike and run once per training step draw the same masks,
+    step after step (measured on CPU, tests/runtime/test_dropout_runtime.py; CUDA read from the
+    source, not run). The random stream differs from the original graph's, which draws from
+    onnxruntime's global generator: loss and gradients equal the original's only with the same
+    seeds (``onnx-remat compare`` checks that).
 
 A ``Dropout`` in inference mode (``training_mode`` absent or a constant false) is a copy, cloned
 as it is.
