@@ -205,7 +205,8 @@ def test_benchmark_runs_end_to_end_on_fc5(tmp_path):
     assert report["machine"]["cores"] and report["machine"]["onnxruntime"] == "1.19.2"
     (model,) = report["models"]
     rows = {r["config"]: r for r in model["rows"]}
-    assert set(rows) == {"baseline", "remat", "remat_outputs", "eager", "checkpoint"}
+    assert set(rows) == {"baseline", "remat", "remat_outputs", "remat_seed", "eager", "checkpoint"}
+    assert rows["remat_seed"]["gradients_identical"] is None and rows["remat_seed"]["seed_check"] is True
     assert not any(r["error"] for r in rows.values())
     assert rows["remat"]["gradients_identical"] is True and rows["remat_outputs"]["gradients_identical"] is True
     assert rows["remat"]["planned_peak_ratio"] < 0.6
