@@ -12,6 +12,7 @@ from onnx_remat.cli.common import (
     console,
     dims_from,
     dims_option,
+    dropout_option,
     json_option,
     model_argument,
     outputs,
@@ -28,6 +29,7 @@ from onnx_remat.units import format_bytes, format_ratio
 @click.command("apply")
 @model_argument
 @selection_options
+@dropout_option
 @dims_option
 @click.option(
     "-o",
@@ -62,6 +64,7 @@ def apply_cmd(
     op_types,
     nodes,
     recompute_outputs,
+    dropout,
     dims,
     output,
     force,
@@ -84,6 +87,7 @@ def apply_cmd(
       onnx-remat apply models/artifacts/blocks10 --scope Block
       onnx-remat apply training_model.onnx --scope 'encoder.layer.*' -o remat.onnx
       onnx-remat apply training_model.onnx --op-type Softmax,Gelu
+      onnx-remat apply models/artifacts/blocks10 --scope Block --dropout seed
     """
     dim_values = dims_from(dims)
     out_path, out_is_dir = remat_output(model, output)
@@ -103,6 +107,7 @@ def apply_cmd(
             recompute_outputs=recompute_outputs,
             dims=dim_values,
             check_peak=estimate,
+            dropout=dropout,
         )
         written = result.save(out_path, force=force)
         summary = {**result.summary(), "output": str(written)}
@@ -161,17 +166,36 @@ def print_apply_summary(result) -> None:
     table.add_column("cloned", justify="right", no_wrap=True)
     table.add_column("recomputed", justify="right", no_wrap=True)
     table.add_column("released", justify="right", no_wrap=True)
+    with_masks = bool(result.plan.masks)
+    if with_masks:
+        table.add_column("dropout masks", justify="right", no_wrap=True)
     table.add_column("clones wait for (trigger)", overflow="fold")
     for seg in result.rewrite.segments:
         s = seg.segment
         released = format_bytes(s.released_bytes) + (f" (+{len(s.unknown_sizes)} unknown)" if s.unknown_sizes else "")
         trigger = ", ".join(seg.triggers) or "-"
-        table.add_row(seg.label, str(len(seg.clones)), str(len(s.targets)), released, trigger)
+        masks = [f"{len(s.masks)}: {format_bytes(s.mask_bytes)}" if s.masks else "-"] if with_masks else []
+        table.add_row(seg.label, str(len(seg.clones)), str(len(s.targets)), released, *masks, trigger)
     console.print(table)
     total = format_bytes(result.released_bytes)
     console.print(
         f"{result.clone_count} nodes cloned in {len(result.rewrite.segments)} segments; "
         f"{total} of stored activations released after the forward pass"
     )
+    if with_masks:
+        console.print(f"dropout masks ({result.dropout}): {mask_summary(result)}")
     for skipped in result.plan.skipped:
         console.print(f"[yellow]skipped[/] {skipped.label}: {skipped.reason}")
+
+
+def mask_summary(result) -> str:
+    """What the replayed dropout masks cost in storage, in words."""
+    n = len(result.plan.masks)
+    stored = format_bytes(result.mask_bytes)
+    if result.dropout == "seed":
+        return f"{n} masks, none stored (drawn again from seeds: another random stream than the original's)"
+    if result.dropout == "byte":
+        return f"{n} masks stored at one byte per element, {stored}"
+    packed = len(result.rewrite.packed_masks)
+    kept = n - packed
+    return f"{n} masks stored in {stored}: {packed} at one bit per element" + (f", {kept} at one byte" if kept else "")

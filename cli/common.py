@@ -100,6 +100,19 @@ def selection_options(f):
     return f
 
 
+def dropout_option(f):
+    """--dropout {packed,seed,byte}: how a recomputed Dropout gets its mask back (apply, estimate)."""
+    return click.option(
+        "--dropout",
+        type=click.Choice(["packed", "seed", "byte"]),
+        default="packed",
+        show_default=True,
+        help="How recomputed dropout gets its mask: packed stores it at 1 bit per element (bit-identical); "
+        "seed stores none and draws again from a seed (same masks, but another random stream than the "
+        "original's); byte stores it as it is.",
+    )(f)
+
+
 def dims_from(items) -> dict[str, int]:
     return parse_dims(list(items))
 

@@ -12,6 +12,7 @@ from onnx_remat.cli.common import (
     console,
     dims_from,
     dims_option,
+    dropout_option,
     force_option,
     json_option,
     model_argument,
@@ -29,6 +30,7 @@ from onnx_remat.units import format_bytes, format_ratio
 @click.command("estimate")
 @model_argument
 @selection_options
+@dropout_option
 @dims_option
 @json_option
 @click.option(
@@ -57,7 +59,9 @@ from onnx_remat.units import format_bytes, format_ratio
     help="How many of the tensors alive at the peak to list.",
 )
 @force_option
-def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, plot_out, order_file, depth, top, force):
+def command(
+    model, scopes, op_types, nodes, recompute_outputs, dropout, dims, json_out, plot_out, order_file, depth, top, force
+):
     """Estimate the activation memory of one training step of MODEL, without running it.
 
     The planned peak is the block onnxruntime 1.19 (CPU) allocates for a step's activations:
@@ -85,6 +89,7 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
             op_types=op_types,
             nodes=nodes,
             recompute_outputs=recompute_outputs,
+            dropout=dropout,
             dims=dims_from(dims),
             execution_order=order,
         )
@@ -126,9 +131,13 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     console.print(table)
     if after is not None:
         sel = result.selection or {}
+        masks = sum(len(s.get("masks", [])) for s in result.segments or [])
+        mask_words = f"; {masks} dropout masks, {format_bytes(sel.get('mask_bytes', 0))} stored ({sel.get('dropout')})"
         console.print(
             f"after/before: [bold]{format_ratio(after.planned_peak_bytes, before.planned_peak_bytes)}[/] "
-            f"({sel.get('cloned_nodes', 0)} nodes cloned in {sel.get('segments', 0)} segments)"
+            f"({sel.get('cloned_nodes', 0)} nodes cloned in {sel.get('segments', 0)} segments"
+            + (mask_words if masks else "")
+            + ")"
         )
     if top:
         for label, est in rows:

@@ -210,6 +210,8 @@ def verdict(c: Comparison) -> Text:
     """The closing PASSED/FAILED line."""
     n = len(c.max_abs_diff)
     how = "bit-identical" if c.atol == 0 and c.rtol == 0 else f"within atol={c.atol:g}, rtol={c.rtol:g}"
+    if c.by_design is not None and c.mask_check is not None:
+        return _seeded_verdict(c, n, how)
     if c.equal:
         grads = sum(k.endswith("_grad") for k in list(c.max_abs_diff)[1:])
         others = n - 1 - grads
@@ -222,6 +224,29 @@ def verdict(c: Comparison) -> Text:
     worst = f", largest difference {max(diffs):.3g}" if diffs else ""
     bad = len(c.mismatched) + len(c.only_in_a) + len(c.only_in_b)
     return Text(f"FAILED: {bad} of {n} outputs not {how}{worst}", style="bold red")
+
+
+def _seeded_verdict(c: Comparison, n: int, how: str) -> Text:
+    """The verdict on a dropout=seed rewrite: checked against A with B's seeds, and redraw by redraw."""
+    m = c.mask_check
+    assert m is not None
+    grads = sum(k.endswith("_grad") for k in list(c.max_abs_diff)[1:])
+    same = c.equal or (not c.mismatched and not c.only_in_a and not c.only_in_b)
+    outputs = (
+        f"loss and {grads} gradients {how} to {c.reference}"
+        if same
+        else f"{len(c.mismatched) + len(c.only_in_a) + len(c.only_in_b)} of {n} outputs not {how} to {c.reference}"
+    )
+    masks = (
+        f"recomputed dropout masks equal to the forward ones in {m.steps} steps ({m.pairs} pairs)"
+        if m.equal
+        else f"{len(m.mismatched)} recomputed masks or outputs differ from the forward ones "
+        f"(first: step {m.mismatched[0]['step']}, {m.mismatched[0]['by']})"
+        if m.mismatched
+        else "no recomputed dropout mask to check"
+    )
+    word, style = ("PASSED", "bold green") if c.equal else ("FAILED", "bold red")
+    return Text(f"{word}: {c.by_design}; {outputs}; {masks}", style=style)
 
 
 def render_comparison(c: Comparison, *, with_verdict: bool = True) -> Group:

@@ -325,7 +325,7 @@ def _regions(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> d
     out: dict[str, str] = {}
     if model is not None:
         for proto in model.graph.node:
-            if tags.is_clone_name(proto.name) or tags.is_barrier_name(proto.name):
+            if tags.is_recompute_name(proto.name):
                 out[proto.name] = RECOMPUTE
     for n in tg.order:
         if n.name and n.name not in out:
@@ -393,10 +393,10 @@ def check_dims(analysis: ModelAnalysis) -> None:
         )
 
 
-def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate) -> list[ScopeMemory]:
+def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate, dropout: str) -> list[ScopeMemory]:
     from onnx_remat.analysis.scope_table import scope_report
 
-    report = scope_report(analysis)
+    report = scope_report(analysis, dropout=dropout)
     live_by_scope: dict[str, int] = {}
     for t in before.live_at_peak:
         path = t.scope
@@ -430,6 +430,7 @@ def estimate(
     after_execution_order: Sequence[str] | None = None,
     runtime_optimizations: bool = True,
     scope_table: bool = True,
+    dropout: str = "packed",
 ) -> EstimateResult:
     """Estimate the activation memory of a training step, and after a recompute rewrite.
 
@@ -437,9 +438,10 @@ def estimate(
     :class:`ModelAnalysis` (then ``dims`` must already be in it), or an
     :class:`~onnx_remat.ApplyResult` (its input graph and its rewrite are estimated; the
     estimates ``apply`` made are reused where the order and optimizations are the defaults).
-    ``scopes`` / ``op_types`` / ``nodes`` / ``recompute_outputs`` select what to recompute, as
-    :func:`onnx_remat.apply` takes them; without a selection (and without an ApplyResult) only
-    ``before`` is estimated. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
+    ``scopes`` / ``op_types`` / ``nodes`` / ``recompute_outputs`` / ``dropout`` select what to
+    recompute and how dropout masks are kept, as :func:`onnx_remat.apply` takes them; without a
+    selection (and without an ApplyResult) only ``before`` is estimated. ``dims`` binds symbolic
+    dimensions (``{"batch": 8}``).
     ``execution_order`` / ``after_execution_order``: node names in the order onnxruntime ran them
     (e.g. from a profile) instead of the emulated DEFAULT order. ``runtime_optimizations=False``
     estimates the graph as written, without onnxruntime's rewrites. Whatever it is given, the
@@ -458,7 +460,12 @@ def estimate(
         analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
         if any(_present(x) for x in (scopes, op_types, nodes)):
             applied = apply(
-                analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs
+                analysis,
+                scopes=scopes,
+                op_types=op_types,
+                nodes=nodes,
+                recompute_outputs=recompute_outputs,
+                dropout=dropout,
             )
     defaults = runtime_optimizations
     before = applied.estimate_before if applied is not None and defaults and execution_order is None else None
@@ -468,7 +475,7 @@ def estimate(
         )
     result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
     if scope_table:
-        result.scopes = _scope_rows(analysis, before)
+        result.scopes = _scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
     if applied is not None:
         after = applied.estimate_after if defaults and after_execution_order is None else None
         if after is None:
@@ -502,6 +509,8 @@ def _attach(result: EstimateResult, applied: ApplyResult, after: MemoryEstimate)
         "segments": len(summary["segments"]),
         "cloned_nodes": summary["cloned_nodes"],
         "released_bytes": summary["released_bytes"],
+        "dropout": summary["dropout"],
+        "mask_bytes": summary["mask_bytes"],  # stored for the replayed dropout masks (per segment: segments)
     }
     result.notes.extend(summary["notes"])
 

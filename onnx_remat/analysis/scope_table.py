@@ -65,8 +65,9 @@ class ScopeReport:
         }
 
 
-def scope_report(analysis: ModelAnalysis, *, max_depth: int | None = None) -> ScopeReport:
-    """Build the scope table of ``analysis`` (rows in tree order, down to ``max_depth``)."""
+def scope_report(analysis: ModelAnalysis, *, max_depth: int | None = None, dropout: str = "packed") -> ScopeReport:
+    """Build the scope table of ``analysis`` (rows in tree order, down to ``max_depth``); what a
+    recompute releases counts dropout masks as ``dropout`` keeps them (see :func:`onnx_remat.apply`)."""
     tg, tree, sizes = analysis.graph, analysis.scopes, analysis.sizes
     direct_bytes: dict[int, int] = {}
     direct_unknown: dict[int, int] = {}
@@ -100,7 +101,7 @@ def scope_report(analysis: ModelAnalysis, *, max_depth: int | None = None) -> Sc
             repeated[id(s)] = f"{i + 1} of {len(group)} x {kind}"
         groups.append({"scopes": [s.path for s in group], "class": group[0].class_name, "count": len(group)})
 
-    planner = Planner(tg, tree, sizes)
+    planner = Planner(tg, tree, sizes, dropout=dropout)
     rows: list[ScopeRow] = []
     stack: list[tuple[Scope, int]] = [(c, 0) for c in reversed(tree.root.children)]
     while stack:

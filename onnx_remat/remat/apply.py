@@ -25,7 +25,7 @@ from onnx_remat.model_io import remat_output, save_model, write_artifacts
 from onnx_remat.ortsim.optimizer import execution_order
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
-from onnx_remat.remat.random_ops import is_random
+from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode, is_random
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
 from onnx_remat.units import format_bytes, plural
 
@@ -87,8 +87,19 @@ class ApplyResult:
             return write_artifacts(src.artifacts_dir, out, self.model, force=force, external_data=external)
         return save_model(self.model, out, force=force, inputs=inputs, external_data=external)
 
+    @property
+    def dropout(self) -> str:
+        """How dropout masks are kept: ``packed``, ``seed`` or ``byte`` (see :func:`apply`)."""
+        return self.plan.dropout
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes the rewrite stores for the dropout masks its segments replay (each mask once)."""
+        return self.plan.mask_bytes
+
     def summary(self) -> dict:
-        """JSON-ready summary: the model, counts and one entry per segment."""
+        """JSON-ready summary: the model, counts and one entry per segment (with its ``masks`` and
+        ``mask_bytes``: the dropout masks its clones replay and the bytes stored for them)."""
         return {
             "model": self.analysis.name,
             "graph": self.analysis.graph.counts(),
@@ -98,7 +109,19 @@ class ApplyResult:
             "notes": self.plan.notes + self.notes,
             "cloned_nodes": self.clone_count,
             "released_bytes": self.released_bytes,
+            "dropout": self.dropout,
+            "masks": len(self.plan.masks),
+            "mask_bytes": self.mask_bytes,
+            "dropout_seeds": dict(self.rewrite.dropout_seeds),
         }
+
+
+SEED_NOTE = (
+    "dropout=seed: {n} Dropouts now draw from seeds of their own (their recompute draws the same masks), "
+    "not from onnxruntime's global generator: the random stream differs from the original graph's, so loss "
+    "and gradients are not bit-identical to it by design (onnx-remat compare checks them against the "
+    "original with the same seeds)"
+)
 
 
 def _has_random_ops(analysis: ModelAnalysis) -> bool:
@@ -123,6 +146,7 @@ def plan(
     op_types: str | Iterable[str] | None = None,
     nodes: str | Iterable[str] | None = None,
     recompute_outputs: bool = False,
+    dropout: str = DEFAULT_DROPOUT,
 ) -> RecomputePlan:
     """The recompute plan for a selection, without rewriting (used by ``apply`` and ``estimate``)."""
     selection = Selection(
@@ -131,7 +155,7 @@ def plan(
         nodes=list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes),
         recompute_outputs=recompute_outputs,
     )
-    return Planner(analysis.graph, analysis.scopes, analysis.sizes).plan(selection)
+    return Planner(analysis.graph, analysis.scopes, analysis.sizes, dropout=dropout).plan(selection)
 
 
 def apply(
@@ -144,6 +168,8 @@ def apply(
     dims: dict[str, int] | None = None,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     check_peak: bool = True,
+    dropout: str = DEFAULT_DROPOUT,
+    dropout_seed: int = 0,
 ) -> ApplyResult:
     """Recompute the selected activations of a training graph; returns an :class:`ApplyResult`.
 
@@ -155,6 +181,15 @@ def apply(
     ``recompute_outputs`` merges adjacent recomputed scopes (MindSpore's ``output_recompute``).
     ``dims`` binds symbolic dimensions for the memory figures.
 
+    ``dropout`` says how a recomputed ``Dropout`` gets its mask back
+    (:mod:`onnx_remat.remat.random_ops`): ``"packed"`` (default) stores it at one bit per element
+    and replays it bit-identically (with ``check_peak``, unless the estimate is lower with the
+    masks as bytes: then they stay bytes, and a note says so); ``"byte"`` stores it as it is (one byte per element);
+    ``"seed"`` stores none and draws again from a seed given to the forward Dropout as well
+    (``dropout_seed`` shifts the seeds): the recomputed mask equals the forward one, but the
+    random stream differs from the original graph's, so loss and gradients are not
+    bit-identical to it by design.
+
     With ``check_peak`` (the default) the planned peak of the original and of the rewrite are
     estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before`` /
     ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
@@ -164,6 +199,7 @@ def apply(
     """
     from onnx_remat.estimate import estimate_original, estimate_rewritten
 
+    check_dropout_mode(dropout)
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
     notes: list[str] = []
@@ -175,7 +211,9 @@ def apply(
             notes.append(f"the planned peak was not checked: {exc}")
     order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
 
-    full_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
+    full_plan = plan(
+        analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=dropout
+    )
     dropped: dict[str, str] = {}
     while True:
         recompute_plan = dataclasses.replace(
@@ -185,7 +223,7 @@ def apply(
         )
         if not recompute_plan.segments:
             raise RematError(nothing_to_recompute(recompute_plan))
-        rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+        rewrite = RecomputeRewrite(random_order=order, dropout_seed=dropout_seed)(analysis.graph, recompute_plan)
         if before is None:
             after = None
             break
@@ -197,13 +235,15 @@ def apply(
         to = format_bytes(after.planned_peak_bytes)
         dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
     check_runtime_support(rewrite.model, "rewritten model")
+    if rewrite.dropout_seeds:
+        notes.append(SEED_NOTE.format(n=len(rewrite.dropout_seeds)))
     unknown = recompute_plan.unknown_sizes
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
         verb = "is" if len(unknown) == 1 else "are"
         notes.append(f"{plural(len(unknown), 'tensor')} of unknown size {verb} not counted in the bytes released{hint}")
-    return ApplyResult(
+    result = ApplyResult(
         model=rewrite.model,
         plan=recompute_plan,
         rewrite=rewrite,
@@ -212,6 +252,27 @@ def apply(
         estimate_before=before,
         estimate_after=after,
     )
+    if dropout == "packed" and after is not None and rewrite.packed_masks:
+        # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
+        # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
+        # earlier block's masks again), the masks stay bytes.
+        byte = apply(
+            analysis,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            check_peak=True,
+            dropout="byte",
+        )
+        lower = byte.estimate_after.planned_peak_bytes if byte.estimate_after is not None else None
+        if lower is not None and lower < after.planned_peak_bytes:
+            byte.notes.append(
+                "dropout masks kept at one byte per element: packing them raises the estimated planned peak "
+                f"({format_bytes(after.planned_peak_bytes)} against {format_bytes(lower)})"
+            )
+            return byte
+    return result
 
 
 def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:

@@ -89,6 +89,7 @@ import onnx
 
 from onnx_remat.errors import EnvironmentProblem, RematError, UsageError
 from onnx_remat.model_io import check_dim_names, forward_only_hint, load_model, save_model
+from onnx_remat.remat.seed_check import seeded_dropouts
 from onnx_remat.runtime.inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
 from onnx_remat.runtime.kept import RewriteCheck, check_rewrite
 from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
@@ -428,7 +429,12 @@ def _measure_prepared(
     elif device != "cpu":
         notes.append("live peak is measured on CPU only; on CUDA the arena peak is the device footprint")
     unstable = arena.get("unstable_outputs", [])
-    if unstable:
+    if unstable and seeded_dropouts(src.model):
+        notes.append(
+            f"{len(unstable)} outputs change from step to step by design: seeded Dropouts (dropout=seed) draw new "
+            "masks each step"
+        )
+    elif unstable:
         notes.append(
             f"{len(unstable)} outputs differ between two steps with the same inputs and seed "
             f"(nondeterministic kernels): {', '.join(unstable[:5])}{' ...' if len(unstable) > 5 else ''}"
@@ -474,12 +480,26 @@ def _reference_outputs(
     prep: _Prepared, *, device: str, seed: int, workdir: Path, progress: ProgressCallback | None, tag: str = ""
 ) -> dict[str, np.ndarray]:
     """Outputs of one single-threaded step (deterministic on CPU), from a worker of its own."""
+    return _step_outputs(prep, device=device, seed=seed, workdir=workdir, progress=progress, tag=tag, steps=1)[0]
+
+
+def _step_outputs(
+    prep: _Prepared,
+    *,
+    device: str,
+    seed: int,
+    workdir: Path,
+    progress: ProgressCallback | None,
+    tag: str = "",
+    steps: int = 1,
+) -> list[dict[str, np.ndarray]]:
+    """Outputs of each of ``steps`` single-threaded steps in one fresh worker (step 1 first)."""
     run_worker(
-        {**_worker_base(prep, device, seed), "kind": "outputs", "threads": 1, "workdir": str(workdir)},
+        {**_worker_base(prep, device, seed), "kind": "outputs", "threads": 1, "steps": steps, "workdir": str(workdir)},
         env=worker_env(device),
         progress=_relay(progress, prep.source.label, tag, "outputs"),
     )
-    return load_arrays(workdir / "outputs.npz")
+    return [load_arrays(workdir / ("outputs.npz" if k == 1 else f"outputs-{k}.npz")) for k in range(1, steps + 1)]
 
 
 def _worker_base(prep: _Prepared, device: str, seed: int) -> dict:

@@ -16,7 +16,7 @@ The spec (JSON object):
 ``checkpoint`` (path or null), ``from_checkpoint`` (parameter names to read from it),
 ``buffers`` (``{gradient buffer: parameter}``), ``flags`` (names fed ``[True]``), ``warmup``,
 ``steps``, ``seed``, ``workdir`` (log, profile, optimized graph, ``outputs.npz`` go there),
-``save_outputs`` (bool).
+``save_outputs`` (bool); for ``outputs`` also ``threads`` and ``steps``.
 
 Output: JSON lines on stdout. ``{"progress": {"phase", "index", "total", "seconds"}}`` while
 running, then one ``{"result": {...}}`` or ``{"error": {"exit_code", "message"}}``. Anything
@@ -306,10 +306,12 @@ def run_live(spec: dict, emit) -> dict:
 
 
 def run_outputs(spec: dict, emit) -> dict:
-    """The ``outputs`` configuration: one step with ``threads`` intra-op threads, outputs saved.
+    """The ``outputs`` configuration: ``steps`` steps (default 1) with ``threads`` intra-op threads,
+    the outputs of step k saved to ``outputs.npz`` (k = 1) and ``outputs-<k>.npz``.
 
     With one thread onnxruntime's CPU kernels are deterministic, so this is the reference when a
-    graph's multithreaded outputs vary run to run.
+    graph's multithreaded outputs vary run to run. Several steps show what changes from step to
+    step (seeded Dropouts draw new masks each step).
     """
     ort = import_onnxruntime()
     feeds = build_feeds(ort, spec)
@@ -326,16 +328,20 @@ def run_outputs(spec: dict, emit) -> dict:
     check_feeds(sess, feeds, spec["model"])
     on_device = to_device(ort, feeds, spec["device"])
     runner = _Runner(sess, feeds, spec.get("buffers", {}), on_device)
-    ort.set_seed(int(spec["seed"]))
-    t0 = time.perf_counter()
-    try:
-        runner.run()
-        outputs = runner.collect()
-    except Exception as exc:
-        raise RematError(f"{spec['model']}: onnxruntime failed in step 1: {runtime_message(exc)}") from None
-    emit("step", 1, 1, time.perf_counter() - t0)
-    save_arrays(Path(spec["workdir"]) / "outputs.npz", outputs)
-    return {"output_names": list(outputs), "onnxruntime": ort.__version__}
+    steps = int(spec.get("steps") or 1)
+    names: list[str] = []
+    for k in range(1, steps + 1):
+        ort.set_seed(int(spec["seed"]))
+        t0 = time.perf_counter()
+        try:
+            runner.run()
+            outputs = runner.collect()
+        except Exception as exc:
+            raise RematError(f"{spec['model']}: onnxruntime failed in step {k}: {runtime_message(exc)}") from None
+        emit("step", k, steps, time.perf_counter() - t0)
+        save_arrays(Path(spec["workdir"]) / ("outputs.npz" if k == 1 else f"outputs-{k}.npz"), outputs)
+        names = list(outputs)
+    return {"output_names": names, "onnxruntime": ort.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:

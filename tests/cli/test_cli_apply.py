@@ -18,10 +18,13 @@ def test_apply_artifacts_directory(cli, tmp_path):
     proc = cli("apply", artifacts_dir("blocks10"), "--scope", "Block", "-o", out, "--json", tmp_path / "s.json")
     assert proc.returncode == 0, proc.stderr
     assert "blocks.9" in proc.stdout and "100 nodes cloned in 10 segments" in proc.stdout
-    assert "190.0 MiB of stored activations released" in proc.stdout
+    # 190 MiB of activations, and 9 of the 10 dropout masks less their bits (dropout="packed")
+    assert "205.8 MiB of stored activations released" in proc.stdout
+    assert "dropout masks (packed): 10 masks stored in 4.2 MiB: 9 at one bit per element, 1 at one byte" in proc.stdout
     assert _listing(out) == ["checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
     summary = json.loads((tmp_path / "s.json").read_text())
-    assert summary["cloned_nodes"] == 100 and summary["released_bytes"] == 190 * 2**20
+    assert summary["cloned_nodes"] == 100 and summary["released_bytes"] == 190 * 2**20 + 9 * 7 * 2**18
+    assert summary["dropout"] == "packed" and summary["mask_bytes"] == 9 * 2**18 + 2 * 2**20
     assert [s["label"] for s in summary["segments"]] == [f"blocks.{i}" for i in range(10)]
 
 
@@ -73,7 +76,7 @@ def test_scopes_command(cli, tmp_path):
     data = json.loads((tmp_path / "s.json").read_text())
     rows = {r["path"]: r for r in data["scopes"]}
     assert rows["blocks.3"]["stashed_bytes"] == 24 * 2**20
-    assert rows["blocks.3"]["releasable_bytes"] == 20 * 2**20
+    assert rows["blocks.3"]["releasable_bytes"] == 20 * 2**20 + 7 * 2**18  # and the mask, packed to bits
     assert rows["blocks.3"]["class"] == "models.blocks10.Block"
 
 
