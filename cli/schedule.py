@@ -7,7 +7,17 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, write_json
+from onnx_remat.cli.common import (
+    console,
+    dims_from,
+    dims_option,
+    json_option,
+    model_argument,
+    outputs,
+    print_notes,
+    write_json,
+)
+from onnx_remat.model_io import remat_output
 from onnx_remat.units import format_bytes, format_ratio
 
 ACCUMULATION_HELP = (
@@ -36,9 +46,10 @@ def accumulation_option(f):
     "-o",
     "--output",
     type=click.Path(path_type=Path),
-    help="Output file or artifacts directory (default: MODEL.scheduled.onnx, or <artifacts>_scheduled/).",
+    help="Output file or artifacts directory (default, in the current directory: NAME.scheduled.onnx, or "
+    "<artifacts>_scheduled/).",
 )
-@click.option("--force", is_flag=True, help="Replace an existing output, even the input itself.")
+@click.option("--force", is_flag=True, help="Replace existing output files or artifacts directories (never an input).")
 @accumulation_option
 @json_option
 def command(model, dims, output, force, grad_accumulation, json_out):
@@ -58,11 +69,15 @@ def command(model, dims, output, force, grad_accumulation, json_out):
     """
     import onnx_remat
 
-    result = onnx_remat.schedule(model, grad_accumulation=grad_accumulation, dims=dims_from(dims))
-    written = result.save(output, force=force)
-    print_schedule(result)
-    console.print(f"wrote {written}")
-    write_json({**result.summary(), "output": str(written)}, json_out)
+    out_path, out_is_dir = remat_output(model, output, kind="scheduled")
+    with outputs({"MODEL": model}, force=force) as outs:
+        outs.claim(out_path, "-o", is_dir=out_is_dir)
+        outs.claim(json_out, "--json")
+        result = onnx_remat.schedule(model, grad_accumulation=grad_accumulation, dims=dims_from(dims))
+        written = result.save(out_path, force=force)
+        print_schedule(result)
+        console.print(f"wrote {written}")
+        write_json({**result.summary(), "output": str(written)}, json_out, force=force)
 
 
 def print_schedule(result) -> None:
@@ -80,14 +95,12 @@ def print_schedule(result) -> None:
     for acc in sched.accumulated:
         how = "into the gradient buffer as each exists" if acc.mode == "early" else "in place, in the Sum's order"
         console.print(f"{acc.parameter}: {len(acc.partials)} partial gradients added {how}")
-    for param, why in sched.accumulation_skipped:
-        console.print(f"[dim]note:[/] {param}: {why}")
+    notes = [f"{param}: {why}" for param, why in sched.accumulation_skipped]
     if sched.pins:
         console.print(f"{len(sched.pins)} random ops pinned to their original order")
-    for note in sched.notes:
-        console.print(f"[dim]note:[/] {note}")
     before, after = result.estimate_before.planned_peak_bytes, result.estimate_after.planned_peak_bytes
     console.print(
         f"estimated planned peak (onnxruntime CPU, emulated, nothing run): {format_bytes(before)} -> "
         f"{format_bytes(after)} ({format_ratio(after, before)}); `onnx-remat compare` measures it"
     )
+    print_notes(notes + list(sched.notes))

@@ -246,16 +246,15 @@ class ScheduledModel:
     estimate_after: MemoryEstimate
 
     def default_output(self) -> Path:
-        """Where :meth:`save` writes without a path: ``x.scheduled.onnx`` or ``<artifacts>_scheduled/``."""
+        """Where :meth:`save` writes without a path: ``x.scheduled.onnx`` or ``<artifacts>_scheduled/``
+        in the current directory (as :meth:`onnx_remat.ApplyResult.default_output`)."""
         from onnx_remat.errors import RematError
-        from onnx_remat.model_io import TRAINING_MODEL
+        from onnx_remat.model_io import remat_output
 
         src = self.analysis.source
         if src is None:
             raise RematError("the model was given in memory: give an output path")
-        if src.artifacts_dir is not None and src.path.name == TRAINING_MODEL:
-            return src.artifacts_dir.with_name(src.artifacts_dir.name + "_scheduled")
-        return src.path.with_name(src.path.name.removesuffix(".onnx") + ".scheduled.onnx")
+        return remat_output(src.artifacts_dir or src.path, kind="scheduled")[0]
 
     def save(self, path: str | os.PathLike | None = None, *, force: bool = False) -> Path:
         """Write the result atomically, exactly as :meth:`onnx_remat.ApplyResult.save` writes a
