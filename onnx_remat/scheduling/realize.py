@@ -67,8 +67,14 @@ def place_leaves(model: onnx.ModelProto, rank: Mapping[str, float]) -> onnx.Mode
 
 
 def random_ops(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The model's random ops that have a data input (those that draw from the generator)."""
-    return [n for n in model.graph.node if n.op_type in RANDOM_OPS and n.input and n.input[0]]
+    """The model's random ops that draw from onnxruntime's global generator: those with a data
+    input and no ``seed`` attribute (a seeded kernel has a generator of its own, so its place in
+    the order does not change what it draws: dropout="seed" rewrites)."""
+    return [
+        n
+        for n in model.graph.node
+        if n.op_type in RANDOM_OPS and n.input and n.input[0] and not any(a.name == "seed" for a in n.attribute)
+    ]
 
 
 def pin_random_order(model: onnx.ModelProto, order: Sequence[str]) -> tuple[onnx.ModelProto, list[str]]:
