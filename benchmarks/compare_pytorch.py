@@ -10,8 +10,10 @@ in a fresh process:
 
 * onnxruntime-training 1.19.2 on the model's committed artifacts (``models/artifacts/<name>``):
   ``baseline`` (no recompute), ``onnx-remat`` (``onnx_remat.apply(scopes=block_scope)``: every
-  repeated block recomputed) and ``onnx-remat + outputs`` (the same with
-  ``recompute_outputs=True``: block outputs that feed the next block are not stored either).
+  repeated block recomputed), ``onnx-remat + outputs`` (the same with
+  ``recompute_outputs=True``: block outputs that feed the next block are not stored either) and
+  ``onnx-remat, --dropout seed`` (per block, no dropout mask stored: another random stream, so
+  checked against the baseline given the same seeds instead of bit for bit).
   Figures from :func:`onnx_remat.runtime.measure.measure`: the planned peak (the memory-pattern
   block of a step), the live peak (RSS growth of a step, no arena; CPU) and the median step time.
   Each rewrite is also checked against the baseline with
@@ -32,8 +34,9 @@ eager). To explain a gap between onnx-remat's and PyTorch's peak ratio, the run 
 each keeps stored for its recompute: onnx-remat, what its recomputed segments keep from the
 forward pass (block inputs, outputs read outside the block, dropout masks); PyTorch, the inputs
 of the checkpointed blocks. onnxruntime's Dropout draws from a global generator that cannot be
-replayed, so a bit-identical recompute keeps each mask and replays the output from it; PyTorch
-saves the RNG state instead and draws the same mask again.
+replayed, so a bit-identical recompute keeps each mask (onnx-remat's default: packed to one bit
+per element) and replays the output from it; PyTorch saves the RNG state instead and draws the
+same mask again. The onnx-remat rows use ``apply``'s defaults (``dropout="packed"``).
 
 ``--artifacts DIR`` adds an artifacts directory (or training graph) of your own: onnxruntime rows
 only, with synthesized inputs, scope from ``--scope`` (default: the block scope of the model of
@@ -60,7 +63,7 @@ Writes ``<out>/<device>.md`` (Markdown tables) and ``<out>/<device>.json``::
       "models": [
         {"name": "blocks10", "scope": "Block", "source": "models" | "artifacts",
          "rows": [{"runtime": "onnxruntime" | "pytorch", "config": "baseline" | "remat" |
-                   "remat_outputs" | "eager" | "checkpoint", "label": "...",
+                   "remat_outputs" | "remat_seed" | "eager" | "checkpoint", "label": "...",
                    "planned_peak_bytes": int|null, "arena_peak_bytes": int|null,   # onnxruntime only
                    "live_peak_bytes": int|null, "live_peak_samples": [...],
                    "step_time_s": {"median", "min", "max", "samples", "round_medians"},
@@ -69,6 +72,9 @@ Writes ``<out>/<device>.md`` (Markdown tables) and ``<out>/<device>.json``::
                    "planned_peak_ratio": float|null,  # onnxruntime only
                    "time_ratio": float|null,          # median step time / own baseline's
                    "gradients_identical": bool|null,  # onnx-remat rows: vs the baseline, bit for bit
+                   "seed_check": bool|null,           # remat_seed (dropout="seed"; another random stream):
+                                                      # equal to the baseline with the same seeds, and
+                                                      # the recomputed masks to the forward ones
                    "loss": float|null, "clones": int|null, "clones_kept": int|null,
                    "segments": int|null, "loadavg": [...], "wall_s": float, "error": str|null}, ...],
          "stored": {"onnx_remat": {"dropout_masks": n, "dropout_mask_bytes": int, "other_bytes": int,
@@ -115,6 +121,7 @@ ORT_CONFIGS = (
     ("baseline", "onnxruntime, no recompute"),
     ("remat", "onnx-remat per block"),
     ("remat_outputs", "onnx-remat per block + recompute outputs"),
+    ("remat_seed", "onnx-remat per block, --dropout seed"),
 )
 TORCH_CONFIGS = (
     ("eager", "PyTorch eager"),
@@ -142,6 +149,7 @@ class Row:
     planned_peak_ratio: float | None = None
     time_ratio: float | None = None
     gradients_identical: bool | None = None
+    seed_check: bool | None = None  # remat_seed: equal to the baseline with the same seeds, masks redrawn alike
     loss: float | None = None
     clones: int | None = None
     clones_kept: int | None = None
@@ -186,8 +194,8 @@ def stored_for_recompute(result) -> dict:
 
     Per segment of the plan: its boundary (the tensors its clones recompute from: block inputs)
     and what it keeps (outputs read outside it, random ops' outputs: dropout masks); for a
-    training-mode Dropout the rewrite replays, its mask. Counted once each; parameters and
-    constants left out. Split into dropout masks and the rest.
+    training-mode Dropout the rewrite replays, its mask as stored (packed: one bit per element).
+    Counted once each; parameters and constants left out. Split into dropout masks and the rest.
     """
     import onnx_graphsurgeon as gs
 
@@ -198,9 +206,9 @@ def stored_for_recompute(result) -> dict:
     masks: dict[str, int | None] = {}
     other: dict[str, int | None] = {}
     for seg in result.plan.segments:
-        for node in seg.recompute:
-            if node.op == "Dropout" and len(node.outputs) > 1 and node.outputs[1].name:
-                masks[node.outputs[1].name] = sizes.nbytes(node.outputs[1].name)
+        # Bytes stored per replayed mask: one per element, one bit (packed, the default) or none (seed).
+        masks.update(seg.mask_storage)
+        masks.update({t.name: None for t in seg.masks if t.name not in seg.mask_storage})
         for t in list(seg.boundary) + list(seg.kept):
             if isinstance(t, gs.Constant) or not t.name or t.name in params:
                 continue
@@ -230,6 +238,7 @@ def peak_breakdown(source, scope: str) -> dict | None:
     try:
         import onnx_remat
         from onnx_remat.estimate import estimate
+        from onnx_remat.graph import tags
     except ImportError:
         return None
     try:
@@ -248,6 +257,8 @@ def peak_breakdown(source, scope: str) -> dict | None:
             readers.setdefault(name, []).append(node.name)
         if node.op_type == "Dropout" and len(node.output) > 1:
             masks.add(node.output[1])
+        if tags.is_pack_name(node.name):  # a mask packed to bits (its buffers: the packed bytes)
+            masks.update(node.output)
     out = {
         "estimated_peak_bytes": after.planned_peak_bytes,
         "peak_node": after.peak_node,
@@ -308,7 +319,12 @@ def _ort_configs(
             if config == "baseline":
                 cfg.model = source
             else:
-                result = onnx_remat.apply(source, scopes=scope, recompute_outputs=(config == "remat_outputs"))
+                result = onnx_remat.apply(
+                    source,
+                    scopes=scope,
+                    recompute_outputs=(config == "remat_outputs"),
+                    dropout="seed" if config == "remat_seed" else "packed",
+                )
                 cfg.model = result.model
                 row.clones = result.clone_count
                 row.segments = len(result.rewrite.segments)
@@ -334,7 +350,10 @@ def _ort_configs(
                     checkpoint=checkpoint,
                     live=False,
                 )
-                row.gradients_identical = c.equal
+                # dropout=seed: not bit-identical by design; compare checks it against the baseline
+                # with the same seeds, and the redrawn masks against the forward ones.
+                row.gradients_identical = c.equal if c.by_design is None else None
+                row.seed_check = c.equal if c.by_design is not None else None
         except Exception as exc:
             row.error = f"{type(exc).__name__}: {exc}"
         row.wall_s = round(time.perf_counter() - t0, 2)
@@ -717,6 +736,9 @@ def to_markdown(report: dict) -> str:
                 lines.append(f"| {model['name']} | {r['runtime']} | {r['label']} | error: {r['error']} | | | | | | |")
                 continue
             grads = {True: "yes", False: "**NO**", None: "-"}[r.get("gradients_identical")]
+            if r.get("seed_check") is not None:
+                same = "equal with the same seeds" if r["seed_check"] else "**seed check failed**"
+                grads = f"not by design; {same}"
             kept = f"{r['clones_kept']}/{r['clones']}" if r.get("clones") is not None else "-"
             planned = _mib(r.get("planned_peak_bytes")) if r["runtime"] == "onnxruntime" else "-"
             pr = _x(r.get("peak_ratio")) + (
@@ -732,7 +754,8 @@ def to_markdown(report: dict) -> str:
         "## What each keeps stored for its recompute, and what fills onnx-remat's peak",
         "",
         "onnx-remat: the tensors its recomputed blocks keep from the forward pass (their inputs, the outputs read "
-        "outside them, dropout masks), counted once, parameters left out. PyTorch checkpoint: the tensor inputs of "
+        "outside them, dropout masks as stored: packed to one bit per element), counted once, parameters left "
+        "out. PyTorch checkpoint: the tensor inputs of "
         "the checkpointed blocks (it saves the RNG state and re-draws dropout masks). At the peak: the tensors alive "
         "when onnxruntime's planned block reaches its size, from `onnx_remat.estimate` (a simulation of "
         "onnxruntime's planner; its peak is given beside the measured one); held for reuse: buffers alive at the "
@@ -774,7 +797,7 @@ def to_markdown(report: dict) -> str:
 
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_file(path, text)
+    write_file(path, text, force=True)  # results are rewritten on every run
 
 
 # -- the run -------------------------------------------------------------------------------------

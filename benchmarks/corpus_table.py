@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     from onnx_remat.model_io import write_file
 
-    write_file(args.out, header + text + "\n")
-    write_file(args.out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
+    write_file(args.out, header + text + "\n", force=True)  # the table is rewritten on every run
+    write_file(args.out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n", force=True)
     print(text)
     return 0 if all(r["equal"] for r in rows) else 1
 

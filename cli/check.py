@@ -9,6 +9,7 @@ calls and prints.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
@@ -17,16 +18,21 @@ from rich.table import Table
 from rich.text import Text
 
 from onnx_remat.cli.common import (
+    Tolerance,
     console,
     err_console,
     json_safe,
     model_argument,
+    outputs,
+    run_inputs,
     run_kwargs,
     run_options,
     selection_options,
     write_json,
 )
+from onnx_remat.cli.tables import progress_display, titled
 from onnx_remat.errors import UsageError
+from onnx_remat.model_io import make_parents
 from onnx_remat.units import format_bytes, parse_percent
 
 _STYLE = {"PASS": "green", "FAIL": "bold red", "INFO": "dim"}
@@ -73,7 +79,7 @@ def verdict_table(v) -> Table:
         ("threshold", "left"),
         ("result", "left"),
     ):
-        table.add_column(col, justify=justify)
+        table.add_column(col, justify=justify, overflow="fold")
     for c in v.checks:
         result = Text(c.status, style=_STYLE.get(c.status, ""))
         if c.message:
@@ -98,6 +104,8 @@ def closing_line(v) -> Text:
 def parse_fraction(text: str, option: str) -> float:
     """``'2%'`` or ``'0.02'`` -> 0.02; a bare number above 1 (``'2'``) is refused as a likely typo of 2%."""
     value = parse_percent(text)
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{option} {text}: give a finite percentage >= 0 (2%, or 0.02)")
     if not text.strip().endswith("%") and value > 1:
         raise UsageError(
             f"{option} {text}: a bare number is a fraction ({value * 100:g}%); write {text}% if you mean percent"
@@ -137,12 +145,12 @@ def parse_fraction(text: str, option: str) -> float:
 )
 @click.option(
     "--atol",
-    type=click.FloatRange(min=0),
+    type=Tolerance(),
     default=0.0,
     show_default=True,
     help="Absolute tolerance of the gradient comparison (0 with --rtol 0: bit for bit).",
 )
-@click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Relative tolerance.")
+@click.option("--rtol", type=Tolerance(), default=0.0, show_default=True, help="Relative tolerance.")
 @run_options(steps=None, steps_help="Timed steps per graph [default: 1, or 5 with --check-time].", live=False)
 @click.pass_context
 def command(
@@ -179,13 +187,19 @@ def command(
       onnx-remat check models/artifacts/blocks10 --scope Block --baseline blocks10.json
       onnx-remat check model_dir --scope 'layers.*' --baseline b.json --check-time --max-time-increase 30%
     """
-    from onnx_remat.cli.tables import progress_display
-    from onnx_remat.runtime.gate import check
-
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console
-    with progress_display(out) as progress:
-        v = check(
+    force = options.pop("force")
+    inputs = {"MODEL": model, **run_inputs(options)}
+    if not update_baseline:
+        inputs["--baseline"] = baseline
+    with outputs(inputs, force=force) as outs:
+        outs.claim(json_out, "--json")
+        if update_baseline:  # a new folder for it is made (and removed again if the check fails)
+            outs.claim(baseline, "--baseline", force=True, parents=True)
+            make_parents(baseline)
+        v = _check(
+            out,
             model,
             baseline=baseline,
             scopes=scopes,
@@ -198,13 +212,20 @@ def command(
             update=update_baseline,
             atol=atol,
             rtol=rtol,
-            progress=progress,
             **run_kwargs(**options),
         )
-    out.print(verdict_table(v))
-    for line in v.diagnosis:
-        out.print(Text(f"note: {line}", style="yellow"))
-    out.print(closing_line(v))
-    write_json(json_safe(v.to_json()), json_out)
+        out.print(titled(verdict_table(v)))
+        for line in v.diagnosis:
+            out.print(Text(f"note: {line}", style="yellow"))
+        out.print(closing_line(v))
+        write_json(json_safe(v.to_json()), json_out, force=force)
     if not v.passed:
         ctx.exit(1)
+
+
+def _check(out, model, **kwargs):
+    """:func:`onnx_remat.runtime.gate.check` with a progress display on ``out``."""
+    from onnx_remat.runtime.gate import check
+
+    with progress_display(out) as progress:
+        return check(model, progress=progress, **kwargs)

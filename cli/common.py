@@ -9,12 +9,30 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from onnx_remat.errors import UsageError
-from onnx_remat.model_io import write_file
-from onnx_remat.units import parse_dims
+from onnx_remat.model_io import output_session, write_file
+from onnx_remat.units import parse_dims, parse_int_range
 
 console = Console(highlight=False)
+# printed under a table with "+N?" in a bytes column
+UNKNOWN_LEGEND = "+N?: N more tensors whose size shape inference could not tell, not counted in the bytes"
 err_console = Console(stderr=True, highlight=False)
+
+
+class Tolerance(click.ParamType):
+    """A finite number >= 0 (click's FloatRange lets ``nan`` and ``inf`` through)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        try:
+            x = float(str(value).strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(x) or x < 0:
+            self.fail(f"{value!r} is not a finite number >= 0", param, ctx)
+        return x
 
 
 def model_argument(f):
@@ -29,6 +47,19 @@ def dims_option(f):
         metavar="NAME=VALUE",
         help="Bind a symbolic dimension (repeatable), e.g. --dim batch=8.",
     )(f)
+
+
+def force_option(f):
+    return click.option(
+        "--force", is_flag=True, help="Replace output files that exist (never a file the command reads)."
+    )(f)
+
+
+def outputs(inputs: dict, *, force: bool = False):
+    """The output session of a command (:func:`onnx_remat.model_io.output_session`): ``inputs``
+    (``{"MODEL": path, "--order": path}``) are never written; outputs are claimed up front with
+    ``.claim(path, "--json")`` and removed again if the command fails or is interrupted."""
+    return output_session(inputs, force=force)
 
 
 def json_option(f):
@@ -69,35 +100,56 @@ def selection_options(f):
     return f
 
 
+def dropout_option(f):
+    """--dropout {packed,seed,byte}: how a recomputed Dropout gets its mask back (apply, estimate)."""
+    return click.option(
+        "--dropout",
+        type=click.Choice(["packed", "seed", "byte"]),
+        default="packed",
+        show_default=True,
+        help="How recomputed dropout gets its mask: packed stores it at 1 bit per element (bit-identical); "
+        "seed stores none and draws again from a seed (same masks, but another random stream than the "
+        "original's); byte stores it as it is.",
+    )(f)
+
+
 def dims_from(items) -> dict[str, int]:
     return parse_dims(list(items))
 
 
-def write_json(data, out: Path | None) -> None:
-    """Write ``data`` as JSON to ``out`` atomically ('-' prints it)."""
+def write_json(data, out: Path | None, *, force: bool = False) -> None:
+    """Write ``data`` as JSON to ``out`` atomically ('-' prints it); an existing file needs ``force``."""
     if out is None:
         return
     text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     if str(out) == "-":
         click.echo(text, nl=False)
         return
-    write_file(out, text)
+    write_file(out, text, force=force)
+
+
+def merge_notes(notes: list[str]) -> list[str]:
+    """Each note once; ``before: X`` and ``after: X`` become ``before and after: X``."""
+    out: list[str] = []
+    for note in notes:
+        if note.startswith("after: ") and f"before: {note[7:]}" in notes:
+            continue
+        if note.startswith("before: ") and f"after: {note[8:]}" in notes:
+            note = "before and after: " + note[8:]
+        if note not in out:
+            out.append(note)
+    return out
+
+
+def print_notes(notes: list[str], out: Console | None = None) -> None:
+    """Print notes once each (:func:`merge_notes`)."""
+    for note in merge_notes(list(notes)):
+        (out or console).print(f"[dim]note:[/] {note}")
 
 
 def parse_int_ranges(items) -> dict[str, tuple[int, int]]:
     """``('input_ids=0:512', 'labels=10')`` -> ``{'input_ids': (0, 512), 'labels': (0, 10)}`` (high excluded)."""
-    out: dict[str, tuple[int, int]] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        low, colon, high = value.partition(":")
-        try:
-            rng = (int(low), int(high)) if colon else (0, int(low))
-        except ValueError:
-            rng = None
-        if not sep or not name.strip() or rng is None:
-            raise UsageError(f"--int-range takes name=low:high (high excluded) or name=high, got {item!r}")
-        out[name.strip()] = rng
-    return out
+    return dict(parse_int_range(item) for item in items)
 
 
 def json_safe(obj):
@@ -157,10 +209,15 @@ def run_options(*, steps: int | None = 3, steps_help: str = "Timed training step
             help="Parameters from this checkpoint (default: the artifacts directory's).",
         ),
         click.option(
-            "--seed", type=int, default=0, show_default=True, help="Seed of synthesized inputs and of dropout."
+            "--seed",
+            type=click.IntRange(0, 2**31 - 1),
+            default=0,
+            show_default=True,
+            help="Seed of synthesized inputs and of dropout.",
         ),
         click.option("--live/--no-live", default=live, show_default=True, help="Measure the live peak (RSS, CPU) too."),
         json_option,
+        force_option,
     ]
 
     def decorate(f):
@@ -169,6 +226,11 @@ def run_options(*, steps: int | None = 3, steps_help: str = "Timed training step
         return f
 
     return decorate
+
+
+def run_inputs(options: dict) -> dict:
+    """The files a run reads besides the model (``--inputs``, ``--checkpoint``), for :func:`outputs`."""
+    return {"--inputs": options.get("inputs"), "--checkpoint": options.get("checkpoint")}
 
 
 def run_kwargs(device, steps, warmup, dims, inputs, int_ranges, checkpoint, seed, live) -> dict:

@@ -9,7 +9,17 @@ from pathlib import Path
 
 import click
 
-from onnx_remat.cli.common import console, err_console, json_safe, run_kwargs, run_options, write_json
+from onnx_remat.cli.common import (
+    Tolerance,
+    console,
+    err_console,
+    json_safe,
+    outputs,
+    run_inputs,
+    run_kwargs,
+    run_options,
+    write_json,
+)
 
 
 @click.command("compare")
@@ -17,15 +27,15 @@ from onnx_remat.cli.common import console, err_console, json_safe, run_kwargs, r
 @click.argument("b", type=click.Path(path_type=Path))
 @click.option(
     "--atol",
-    type=click.FloatRange(min=0),
+    type=Tolerance(),
     default=0.0,
     show_default=True,
     help="Absolute tolerance (with --rtol 0 as well: bit for bit).",
 )
-@click.option("--rtol", type=click.FloatRange(min=0), default=0.0, show_default=True, help="Relative tolerance.")
+@click.option("--rtol", type=Tolerance(), default=0.0, show_default=True, help="Relative tolerance.")
 @run_options()
 @click.pass_context
-def command(ctx, a, b, atol, rtol, json_out, **options):
+def command(ctx, a, b, atol, rtol, json_out, force, **options):
     """Compare training graphs A (e.g. the original) and B (e.g. its rewrite).
 
     Both run with the same inputs, parameters and seed. Prints their memory peaks and step times
@@ -41,12 +51,15 @@ def command(ctx, a, b, atol, rtol, json_out, **options):
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console
-    with progress_display(out) as progress:
-        c = compare(a, b, atol=atol, rtol=rtol, progress=progress, **run_kwargs(**options))
-    if to_stdout:
-        out.print(verdict(c), soft_wrap=True)
-    else:
-        print_comparison(out, c)
-    write_json(json_safe(c.to_json()), json_out)
+    with outputs({"A": a, "B": b, **run_inputs(options)}, force=force) as outs:
+        outs.claim(json_out, "--json")
+        kwargs = run_kwargs(**options)
+        with progress_display(out) as progress:
+            c = compare(a, b, atol=atol, rtol=rtol, progress=progress, **kwargs)
+        if to_stdout:
+            out.print(verdict(c), soft_wrap=True)
+        else:
+            print_comparison(out, c)
+        write_json(json_safe(c.to_json()), json_out, force=force)
     if not c.equal:
         ctx.exit(1)

@@ -8,23 +8,29 @@ import click
 from rich.table import Table
 
 from onnx_remat.cli.common import (
+    UNKNOWN_LEGEND,
     console,
     dims_from,
     dims_option,
+    dropout_option,
+    force_option,
     json_option,
     model_argument,
+    outputs,
+    print_notes,
     selection_options,
     write_json,
 )
 from onnx_remat.errors import RematError
 from onnx_remat.estimate import estimate
-from onnx_remat.runtime.kept import read_execution_order
+from onnx_remat.runtime.kept import check_order_matched, read_execution_order
 from onnx_remat.units import format_bytes, format_ratio
 
 
 @click.command("estimate")
 @model_argument
 @selection_options
+@dropout_option
 @dims_option
 @json_option
 @click.option(
@@ -52,7 +58,10 @@ from onnx_remat.units import format_bytes, format_ratio
     show_default=True,
     help="How many of the tensors alive at the peak to list.",
 )
-def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, plot_out, order_file, depth, top):
+@force_option
+def command(
+    model, scopes, op_types, nodes, recompute_outputs, dropout, dims, json_out, plot_out, order_file, depth, top, force
+):
     """Estimate the activation memory of one training step of MODEL, without running it.
 
     The planned peak is the block onnxruntime 1.19 (CPU) allocates for a step's activations:
@@ -70,22 +79,29 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, json_out, p
         raise RematError(
             f"{plot_out}: cannot write a {plot_out.suffix or 'suffix-less'} plot; give a .png or .svg path"
         )
-    result = estimate(
-        model,
-        scopes=scopes,
-        op_types=op_types,
-        nodes=nodes,
-        recompute_outputs=recompute_outputs,
-        dims=dims_from(dims),
-        execution_order=read_execution_order(order_file) if order_file else None,
-    )
-    print_estimate(result, depth=depth, top=top)
-    if plot_out is not None:
-        from onnx_remat.show.timeline import plot_timeline
+    with outputs({"MODEL": model, "--order": order_file}, force=force) as outs:
+        outs.claim(json_out, "--json")
+        outs.claim(plot_out, "--plot")
+        order = read_execution_order(order_file) if order_file else None
+        result = estimate(
+            model,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            dropout=dropout,
+            dims=dims_from(dims),
+            execution_order=order,
+        )
+        if order is not None:
+            check_order_matched(result.before, order_file, len(order))
+        print_estimate(result, depth=depth, top=top)
+        if plot_out is not None:
+            from onnx_remat.show.timeline import plot_timeline
 
-        written = plot_timeline(result, plot_out)
-        console.print(f"wrote {written}")
-    write_json(result.to_json(), json_out)
+            written = plot_timeline(result, plot_out, force=force)
+            console.print(f"wrote {written}")
+        write_json(result.to_json(), json_out, force=force)
 
 
 def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30) -> None:
@@ -99,10 +115,10 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     )
     table = Table(show_edge=False, header_style="bold")
     table.add_column("")
-    table.add_column("planned peak", justify="right")
-    table.add_column("live peak", justify="right")
-    table.add_column("outside block", justify="right")
-    table.add_column("peak at")
+    table.add_column("planned peak", justify="right", no_wrap=True)
+    table.add_column("live peak", justify="right", no_wrap=True)
+    table.add_column("outside block", justify="right", no_wrap=True)
+    table.add_column("peak at", overflow="fold")
     rows = [("before", before)] + ([("after", after)] if after is not None else [])
     for label, est in rows:
         table.add_row(
@@ -115,9 +131,13 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     console.print(table)
     if after is not None:
         sel = result.selection or {}
+        masks = sum(len(s.get("masks", [])) for s in result.segments or [])
+        mask_words = f"; {masks} dropout masks, {format_bytes(sel.get('mask_bytes', 0))} stored ({sel.get('dropout')})"
         console.print(
             f"after/before: [bold]{format_ratio(after.planned_peak_bytes, before.planned_peak_bytes)}[/] "
-            f"({sel.get('cloned_nodes', 0)} nodes cloned in {sel.get('segments', 0)} segments)"
+            f"({sel.get('cloned_nodes', 0)} nodes cloned in {sel.get('segments', 0)} segments"
+            + (mask_words if masks else "")
+            + ")"
         )
     if top:
         for label, est in rows:
@@ -135,11 +155,11 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
     scope_rows = scope_rows[:max_scopes]
     if scope_rows:
         st = Table(show_edge=False, header_style="bold")
-        st.add_column("scope")
-        st.add_column("class")
-        st.add_column("stored", justify="right")
-        st.add_column("recompute releases", justify="right")
-        st.add_column("alive at the peak", justify="right")
+        st.add_column("scope", overflow="fold")
+        st.add_column("class", overflow="fold")
+        st.add_column("stored", justify="right", no_wrap=True)
+        st.add_column("recompute releases", justify="right", no_wrap=True)
+        st.add_column("alive at the peak", justify="right", no_wrap=True)
         for s in scope_rows:
             stored = format_bytes(s.stored_bytes) + (f" +{s.stored_unknown}?" if s.stored_unknown else "")
             st.add_row(
@@ -152,7 +172,8 @@ def print_estimate(result, *, depth: int = 0, top: int = 8, max_scopes: int = 30
         console.print(st)
         if hidden:
             console.print(f"[dim]... {hidden} more scopes (all of them in --json)[/]")
+        if any(s.stored_unknown for s in scope_rows):
+            console.print(UNKNOWN_LEGEND)
     for s in result.skipped:
         console.print(f"[yellow]skipped[/] {s['label']}: {s['reason']}")
-    for note in result.notes:
-        console.print(f"[dim]note:[/] {note}")
+    print_notes(result.notes)

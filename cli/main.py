@@ -8,16 +8,52 @@ one line (``error: ...``) with the error's exit status (1 bad input or failed ch
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from onnx_remat import __version__
 from onnx_remat.errors import RematError
 
+# One module per subcommand, imported when that subcommand runs (each pulls in onnx, numpy and
+# rich; only the one asked for is loaded, which keeps every command's start-up short). The order
+# is the order of `onnx-remat -h`.
+_COMMANDS = {
+    "scopes": ("onnx_remat.cli.scopes", "scopes_cmd"),
+    "apply": ("onnx_remat.cli.apply", "apply_cmd"),
+    "schedule": ("onnx_remat.cli.schedule", "command"),
+    "plan": ("onnx_remat.cli.plan", "command"),
+    "estimate": ("onnx_remat.cli.estimate", "command"),
+    "measure": ("onnx_remat.cli.measure", "command"),
+    "compare": ("onnx_remat.cli.compare", "command"),
+    "check": ("onnx_remat.cli.check", "command"),
+    "viz": ("onnx_remat.cli.viz", "command"),
+    "report": ("onnx_remat.cli.report", "command"),
+}
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line, whatever the library put in it."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
 
 class _Group(click.Group):
-    """A click group that turns library errors into one line and an exit status."""
+    """A click group that turns library errors into one line and an exit status.
+
+    Signals (KeyboardInterrupt, :class:`onnx_remat.interrupts.Interrupted`) and a closed stdout
+    pipe pass through to the console script (:mod:`onnx_remat.cli.entry`), which prints one
+    word and exits.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The subcommand, its module imported on first use."""
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            import importlib
+
+            module, attr = _COMMANDS[cmd_name]
+            self.commands[cmd_name] = getattr(importlib.import_module(module), attr)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -25,18 +61,20 @@ class _Group(click.Group):
         except RematError as exc:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
-            click.echo(f"error: {exc}", err=True)
+            click.echo(f"error: {_one_line(exc)}", err=True)
             ctx.exit(exc.exit_code)
-        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort, BrokenPipeError):
             raise
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            ctx.exit(130)
+        except MemoryError:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo("error: out of memory (smaller --dim values, or a machine with more memory)", err=True)
+            ctx.exit(3)
         except Exception as exc:  # a bug in onnx-remat: still one line, traceback on --debug
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             click.echo(
-                f"internal error: {type(exc).__name__}: {exc} "
+                f"internal error: {type(exc).__name__}: {_one_line(exc)} "
                 "(rerun with --debug for the traceback, and please report it)",
                 err=True,
             )
@@ -57,28 +95,7 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj["debug"] = debug
 
 
-def _register() -> None:
-    # One module per subcommand; importing them here keeps `main` the single entry point that
-    # pyproject's console script names. Heavy imports (onnxruntime, matplotlib) stay inside the
-    # commands, so `onnx-remat --help` is fast.
-    from onnx_remat.cli import apply, check, compare, estimate, measure, plan, report, scopes, viz
-
-    for command in (
-        scopes.scopes_cmd,
-        apply.apply_cmd,
-        plan.command,
-        estimate.command,
-        measure.command,
-        compare.command,
-        check.command,
-        viz.command,
-        report.command,
-    ):
-        main.add_command(command)
-
-
-_register()
-
-
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    from onnx_remat.cli.entry import main as entry
+
+    entry()

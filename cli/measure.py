@@ -8,13 +8,23 @@ from __future__ import annotations
 
 import click
 
-from onnx_remat.cli.common import console, err_console, json_safe, model_argument, run_kwargs, run_options, write_json
+from onnx_remat.cli.common import (
+    console,
+    err_console,
+    json_safe,
+    model_argument,
+    outputs,
+    run_inputs,
+    run_kwargs,
+    run_options,
+    write_json,
+)
 
 
 @click.command("measure")
 @model_argument
 @run_options()
-def command(model, json_out, **options):
+def command(model, json_out, force, **options):
     """Measure training steps of MODEL (a training graph or artifacts directory) with onnxruntime.
 
     Reports the planned activation peak (the memory-pattern block of a step), the peak of an
@@ -31,8 +41,11 @@ def command(model, json_out, **options):
 
     to_stdout = json_out is not None and str(json_out) == "-"
     out = err_console if to_stdout else console
-    with progress_display(out) as progress:
-        m = measure(model, progress=progress, **run_kwargs(**options))
-    if not to_stdout:
-        out.print(render_measurement(m))
-    write_json(json_safe(m.to_json()), json_out)
+    with outputs({"MODEL": model, **run_inputs(options)}, force=force) as outs:
+        outs.claim(json_out, "--json")
+        kwargs = run_kwargs(**options)
+        with progress_display(out) as progress:
+            m = measure(model, progress=progress, **kwargs)
+        if not to_stdout:
+            out.print(render_measurement(m))
+        write_json(json_safe(m.to_json()), json_out, force=force)

@@ -10,8 +10,18 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from onnx_remat.cli.common import console, dims_from, dims_option, json_option, model_argument, write_json
-from onnx_remat.errors import UsageError
+from onnx_remat.cli.common import (
+    console,
+    dims_from,
+    dims_option,
+    force_option,
+    json_option,
+    model_argument,
+    outputs,
+    print_notes,
+    write_json,
+)
+from onnx_remat.errors import RematError, UsageError
 from onnx_remat.units import format_bytes
 
 COST_CHOICES = ("auto", "profile", "flops")
@@ -64,9 +74,9 @@ def resolve_profile(model, cost: str, profile: Path | None):
     return None
 
 
-def print_budget(b) -> None:
+def print_budget(b, *, notes: bool = True) -> None:
     """A :class:`~onnx_remat.remat.budget.BudgetResult`: what each unit does, the estimated peak, the
-    compute."""
+    compute (and its notes, unless the caller prints them with its own)."""
     chosen = b.chosen
     console.print(
         f"[bold]budget {format_bytes(b.budget)}[/]: estimated planned peak {format_bytes(chosen.peak)} "
@@ -75,8 +85,8 @@ def print_budget(b) -> None:
     )
     for line in chosen.choices:
         console.print(f"  {line}")
-    for note in b.notes:
-        console.print(f"[dim]note:[/] {note}")
+    if notes:
+        print_notes(b.notes)
 
 
 def budget_verdict(comparison, limit: int) -> tuple[bool, str]:
@@ -115,7 +125,8 @@ def budget_verdict(comparison, limit: int) -> tuple[bool, str]:
     metavar="CURVE.png|CURVE.svg",
     help="Draw the curve (with --sweep): planned peak against added compute, per-layer and --recompute-outputs marked.",
 )
-def command(model, sweep, budgets, points, cost, profile, dims, json_out, plot_out):
+@force_option
+def command(model, sweep, budgets, points, cost, profile, dims, json_out, plot_out, force):
     """Plan recompute for memory budgets of MODEL; writes no model (see `apply --budget`).
 
     \b
@@ -131,26 +142,33 @@ def command(model, sweep, budgets, points, cost, profile, dims, json_out, plot_o
         raise UsageError("give --budget SIZE|PERCENT or --sweep")
     if plot_out is not None and not sweep:
         raise UsageError("--plot draws the --sweep curve: add --sweep")
-    analysis = analyze_model(model, dims=dims_from(dims))
-    planner = BudgetPlanner(analysis, profile=resolve_profile(model, cost, profile))
-    base = planner.baseline_peak
-    limits = [parse_budget(b, base) for b in budgets]
-    if not sweep:
-        out = []
-        for limit in limits:
-            result = planner.plan(limit)
-            print_budget(result)
-            out.append(result.summary())
-        write_json({"model": analysis.name, "plans": out}, json_out)
-        return
-    with console.status("planning the trade-off curve"):
-        curve = planner.sweep(limits or None, points=points)
-    print_sweep(analysis.name, curve)
-    if plot_out is not None:
-        from onnx_remat.show.tradeoff import plot_sweep
+    if plot_out is not None and plot_out.suffix.lower() not in (".png", ".svg"):
+        raise RematError(
+            f"{plot_out}: cannot write a {plot_out.suffix or 'suffix-less'} plot; give a .png or .svg path"
+        )
+    with outputs({"MODEL": model, "--profile": profile}, force=force) as outs:
+        outs.claim(json_out, "--json")
+        outs.claim(plot_out, "--plot")
+        analysis = analyze_model(model, dims=dims_from(dims))
+        planner = BudgetPlanner(analysis, profile=resolve_profile(model, cost, profile))
+        base = planner.baseline_peak
+        limits = [parse_budget(b, base) for b in budgets]
+        if not sweep:
+            out = []
+            for limit in limits:
+                result = planner.plan(limit)
+                print_budget(result)
+                out.append(result.summary())
+            write_json({"model": analysis.name, "plans": out}, json_out, force=force)
+            return
+        with console.status("planning the trade-off curve"):
+            curve = planner.sweep(limits or None, points=points)
+        print_sweep(analysis.name, curve)
+        if plot_out is not None:
+            from onnx_remat.show.tradeoff import plot_sweep
 
-        console.print(f"wrote {plot_sweep(curve, plot_out, title=analysis.name)}")
-    write_json({"model": analysis.name, **curve.to_json()}, json_out)
+            console.print(f"wrote {plot_sweep(curve, plot_out, title=analysis.name, force=force)}")
+        write_json({"model": analysis.name, **curve.to_json()}, json_out, force=force)
 
 
 def print_sweep(name: str, curve) -> None:

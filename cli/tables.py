@@ -5,7 +5,8 @@ Sizes in binary units (:func:`onnx_remat.units.format_bytes`), ratios as ``x0.33
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich import box
@@ -16,7 +17,7 @@ from rich.text import Text
 
 from onnx_remat.runtime.compare import Comparison
 from onnx_remat.runtime.kept import RewriteCheck
-from onnx_remat.runtime.measure import Measurement, ProgressEvent
+from onnx_remat.runtime.measure import FORWARD_ONLY_NOTE, Measurement, ProgressEvent
 from onnx_remat.units import format_bytes
 
 _MEMORY_ROWS = (
@@ -70,7 +71,8 @@ def measurement_table(m: Measurement) -> Table:
     for key, label, what in _MEMORY_ROWS:
         table.add_row(label, format_bytes(getattr(m, key)), what)
     table.add_row("step time", _step_time(m), "median (min, max)")
-    table.add_row("loss", f"{m.loss:.6g}" if m.loss is not None else "?", "after one step")
+    what = "first output (forward only)" if FORWARD_ONLY_NOTE in m.notes else "after one step"
+    table.add_row("loss", f"{m.loss:.6g}" if m.loss is not None else "?", what)
     return table
 
 
@@ -78,7 +80,7 @@ def inputs_table(m: Measurement) -> Table:
     """How each data input (and synthesized parameter) was made."""
     table = Table(title="inputs", box=box.SIMPLE, title_justify="left")
     for col in ("input", "shape", "dtype", "values"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     ckpt = [n for n, i in m.inputs.items() if i.source == "checkpoint"]
     for name, info in m.inputs.items():
         if info.source == "checkpoint":
@@ -112,7 +114,7 @@ def rewrite_table(check: RewriteCheck) -> Table | None:
     )
     table = Table(title=title, box=box.SIMPLE, title_justify="left")
     for col in ("segment", "clones kept", "ran", "barrier", "after trigger", "after forward"):
-        table.add_column(col, justify="left" if col == "segment" else "right")
+        table.add_column(col, justify="left" if col == "segment" else "right", overflow="fold")
     for s in check.segments:
         table.add_row(
             s.label,
@@ -125,18 +127,28 @@ def rewrite_table(check: RewriteCheck) -> Table | None:
     return table
 
 
+def titled(table: Table) -> Group:
+    """The table with its title as a line of its own above it: rich wraps a title to the table's
+    width, which cut model paths and the run settings in two."""
+    title = table.title
+    table.title = None
+    if title is None:
+        return Group(table)
+    return Group(Text.from_markup(title) if isinstance(title, str) else title, table)
+
+
 def _notes(notes: list[str], prefix: str = "") -> list[Text]:
     return [Text(f"note: {prefix}{n}", style="yellow") for n in notes]
 
 
 def render_measurement(m: Measurement, *, show_inputs: bool = True) -> Group:
     """Everything about one measurement, ready for ``console.print``."""
-    parts: list = [measurement_table(m)]
+    parts: list = [titled(measurement_table(m))]
     if show_inputs and m.inputs:
-        parts.append(inputs_table(m))
+        parts.append(titled(inputs_table(m)))
     rt = rewrite_table(m.rewrite)
     if rt is not None:
-        parts.append(rt)
+        parts.append(titled(rt))
     parts.extend(_notes(m.notes + m.rewrite.notes))
     return Group(*parts)
 
@@ -178,7 +190,7 @@ def differences_table(c: Comparison, limit: int = 20) -> Table | None:
     if not names:
         return None
     table = Table(title="outputs that differ", box=box.SIMPLE, title_justify="left")
-    table.add_column("output")
+    table.add_column("output", overflow="fold")
     table.add_column("max |B - A|", justify="right")
     for name in names[:limit]:
         if name in c.only_in_a:
@@ -198,6 +210,8 @@ def verdict(c: Comparison) -> Text:
     """The closing PASSED/FAILED line."""
     n = len(c.max_abs_diff)
     how = "bit-identical" if c.atol == 0 and c.rtol == 0 else f"within atol={c.atol:g}, rtol={c.rtol:g}"
+    if c.by_design is not None and c.mask_check is not None:
+        return _seeded_verdict(c, n, how)
     if c.equal:
         grads = sum(k.endswith("_grad") for k in list(c.max_abs_diff)[1:])
         others = n - 1 - grads
@@ -212,20 +226,43 @@ def verdict(c: Comparison) -> Text:
     return Text(f"FAILED: {bad} of {n} outputs not {how}{worst}", style="bold red")
 
 
+def _seeded_verdict(c: Comparison, n: int, how: str) -> Text:
+    """The verdict on a dropout=seed rewrite: checked against A with B's seeds, and redraw by redraw."""
+    m = c.mask_check
+    assert m is not None
+    grads = sum(k.endswith("_grad") for k in list(c.max_abs_diff)[1:])
+    same = c.equal or (not c.mismatched and not c.only_in_a and not c.only_in_b)
+    outputs = (
+        f"loss and {grads} gradients {how} to {c.reference}"
+        if same
+        else f"{len(c.mismatched) + len(c.only_in_a) + len(c.only_in_b)} of {n} outputs not {how} to {c.reference}"
+    )
+    masks = (
+        f"recomputed dropout masks equal to the forward ones in {m.steps} steps ({m.pairs} pairs)"
+        if m.equal
+        else f"{len(m.mismatched)} recomputed masks or outputs differ from the forward ones "
+        f"(first: step {m.mismatched[0]['step']}, {m.mismatched[0]['by']})"
+        if m.mismatched
+        else "no recomputed dropout mask to check"
+    )
+    word, style = ("PASSED", "bold green") if c.equal else ("FAILED", "bold red")
+    return Text(f"{word}: {c.by_design}; {outputs}; {masks}", style=style)
+
+
 def render_comparison(c: Comparison, *, with_verdict: bool = True) -> Group:
     """Everything about a comparison, verdict last (print that one with ``soft_wrap=True``, see
     :func:`print_comparison`, so a narrow terminal does not break the PASSED/FAILED line)."""
-    parts: list = [comparison_table(c)]
+    parts: list = [titled(comparison_table(c))]
     for tag, m in (("A", c.a), ("B", c.b)):
         rt = rewrite_table(m.rewrite)
         if rt is not None:
             rt.title = f"{tag}: {rt.title}"
-            parts.append(rt)
+            parts.append(titled(rt))
     parts.extend(_notes(c.a.notes + c.a.rewrite.notes, "A: "))
     parts.extend(_notes(c.b.notes + c.b.rewrite.notes, "B: "))
     dt = differences_table(c)
     if dt is not None:
-        parts.append(dt)
+        parts.append(titled(dt))
     if with_verdict:
         parts.append(verdict(c))
     return Group(*parts)
@@ -237,11 +274,44 @@ def print_comparison(console: Console, c: Comparison) -> None:
     console.print(verdict(c), soft_wrap=True)
 
 
+_CONFIG_WORDS = {"arena": "planned/arena peak, step time", "live": "live peak", "outputs": "outputs, one thread"}
+
+
+def progress_lines(write) -> Callable[[ProgressEvent], None]:
+    """A :class:`ProgressEvent` callback for logs and pipes: one line per phase of each worker
+    (session, warm-up, timed steps), passed to ``write``."""
+    phase_of: dict[tuple[str, str], str] = {}
+
+    def on_event(ev: ProgressEvent) -> None:
+        key = (ev.tag, ev.config)
+        label = f"{ev.tag + ': ' if ev.tag else ''}{_CONFIG_WORDS.get(ev.config, ev.config)}"
+        if ev.phase == "session":
+            phase_of[key] = ev.phase
+            write(f"{label}: starting onnxruntime")
+            return
+        took = f", {_seconds(ev.seconds)}" if ev.seconds is not None else ""
+        if phase_of.get(key) != ev.phase:
+            phase_of[key] = ev.phase
+            what = "warm-up" if ev.phase == "warmup" else "timed steps"
+            write(f"{label}: {what} (step {ev.index}/{ev.total}{took})")
+        if ev.index == ev.total:
+            write(f"{label}: done ({ev.total} step{'s' if ev.total != 1 else ''})")
+
+    return on_event
+
+
 @contextmanager
-def progress_display(console: Console) -> Iterator:
-    """A rich progress display; yields a callback for :class:`ProgressEvent` (does nothing off a terminal)."""
+def progress_display(console: Console, log: Console | None = None) -> Iterator:
+    """Yields a callback for :class:`ProgressEvent`: a rich progress display on a terminal, else
+    one line per phase on ``log`` (standard error by default), so CI logs and pipes show that
+    something is happening during the 15-30 s a comparison takes."""
     if not console.is_terminal:
-        yield None
+        log = log or Console(stderr=True, highlight=False, soft_wrap=True)
+
+        def write(line: str) -> None:
+            log.print(f"[{time.strftime('%H:%M:%S')}] {line}", markup=False)
+
+        yield progress_lines(write)
         return
     progress = Progress(
         TextColumn("{task.description}"),
@@ -253,7 +323,7 @@ def progress_display(console: Console) -> Iterator:
         transient=True,
     )
     tasks: dict[tuple[str, str], int] = {}
-    config_words = {"arena": "planned/arena peak, step time", "live": "live peak", "outputs": "outputs, one thread"}
+    config_words = _CONFIG_WORDS
 
     def on_event(ev: ProgressEvent) -> None:
         key = (ev.tag, ev.config)

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from onnx_remat.cli.common import console, dims_from, dims_option, model_argument, selection_options
+from onnx_remat.cli.common import (
+    console,
+    dims_from,
+    dims_option,
+    force_option,
+    model_argument,
+    outputs,
+    print_notes,
+    selection_options,
+)
 from onnx_remat.errors import RematError
 from onnx_remat.show.graph_view import FORMATS, graph_view, graphviz_available, write_graph
 
@@ -38,7 +47,8 @@ from onnx_remat.show.graph_view import FORMATS, graph_view, graphviz_available, 
     help="How many selected scope instances to draw in full when --focus is not given.",
 )
 @click.option("--before", is_flag=True, help="Draw the graph before the rewrite, with the edges it replaces in red.")
-def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, focus, expand, before):
+@force_option
+def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, focus, expand, before, force):
     """Draw MODEL's graph around the recomputed scopes.
 
     Forward, backward, cloned and barrier nodes have their own colours, each drawn scope instance
@@ -58,24 +68,27 @@ def command(model, scopes, op_types, nodes, recompute_outputs, dims, output, foc
         )
     if before and not (scopes or op_types or nodes):
         raise RematError("--before needs a selection (--scope, --op-type or --node) to show what it replaces")
-    view = graph_view(
-        model,
-        scopes=scopes,
-        op_types=op_types,
-        nodes=nodes,
-        recompute_outputs=recompute_outputs,
-        focus=focus,
-        expand=expand,
-        before=before,
-        dims=dims_from(dims),
-    )
-    written = write_graph(view, output)
-    shown = ", ".join(view.clusters) or "none"
-    console.print(f"{view.title}: drew {shown} in full, {len(view.nodes)} items, {len(view.edges)} edges")
-    if view.collapsed:
-        console.print("collapsed: " + "; ".join(view.collapsed))
-    for note in view.notes:
-        console.print(f"[dim]note:[/] {note}")
-    if output.suffix.lower() == ".html" and not graphviz_available():
-        console.print("[yellow]Graphviz's dot is not installed: the page holds the DOT text instead of a picture[/]")
-    console.print(f"wrote {written}")
+    with outputs({"MODEL": model}, force=force) as outs:
+        outs.claim(output, "-o")
+        view = graph_view(
+            model,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            focus=focus,
+            expand=expand,
+            before=before,
+            dims=dims_from(dims),
+        )
+        written = write_graph(view, output, force=force)
+        shown = ", ".join(view.clusters) or "none"
+        console.print(f"{view.title}: drew {shown} in full, {len(view.nodes)} items, {len(view.edges)} edges")
+        if view.collapsed:
+            console.print("collapsed: " + "; ".join(view.collapsed))
+        print_notes(view.notes)
+        if output.suffix.lower() == ".html" and not graphviz_available():
+            console.print(
+                "[yellow]Graphviz's dot is not installed: the page holds the DOT text instead of a picture[/]"
+            )
+        console.print(f"wrote {written}")

@@ -2,6 +2,7 @@
 
     python -m models.export [NAME ...] [--out DIR]
     python -m models.export --corpus [NAME ...] [--out DIR]
+    python -m models.export --corpus gpt2_small_ts         # GPT-2 at its real width, ~500 MB
 
 writes, for each model (default: all of ``models.MODELS``), ``DIR/<name>/`` (default
 ``models/artifacts/<name>/``; with ``--corpus``, the real architectures of :mod:`models.corpus`
@@ -48,7 +49,7 @@ from onnx_remat.exporters import export_for_training, trainable_parameter_names
 from onnx_remat.runtime.artifacts import ONNX_FILES, generate_training_artifacts
 
 from . import ARTIFACTS_DIR_NAME, MODELS, ModelSpec
-from .corpus import CORPUS
+from .corpus import CORPUS, LARGE
 
 DEFAULT_OUT = Path(__file__).resolve().parent / ARTIFACTS_DIR_NAME
 CORPUS_OUT = Path(__file__).resolve().parents[1] / ".cache" / "corpus"
@@ -125,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--corpus",
         action="store_true",
-        help=f"the corpus of real architectures (models/corpus.py): {', '.join(CORPUS)}",
+        help=f"the corpus of real architectures (models/corpus.py): {', '.join(CORPUS)}; also, when named, "
+        f"{', '.join(LARGE)} (real width, ~500 MB)",
     )
     parser.add_argument(
         "--out",
@@ -134,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"output folder (default: models/artifacts, or {CORPUS_OUT} with --corpus)",
     )
     args = parser.parse_args(argv)
-    registry = CORPUS if args.corpus else MODELS
+    registry = {**CORPUS, **LARGE} if args.corpus else MODELS
     out = args.out or (CORPUS_OUT if args.corpus else DEFAULT_OUT)
-    names = args.names or list(registry)
+    names = args.names or list(CORPUS if args.corpus else MODELS)
     unknown = [n for n in names if n not in registry]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(registry)}")

@@ -20,6 +20,12 @@ class RematError(Exception):
     exit_code = 1
 
 
+class ForwardOnlyGraph(RematError):
+    """The model has no gradient nodes: it is not a training graph. CLI exit status 1."""
+
+    exit_code = 1
+
+
 class RegressionError(RematError):
     """A check found a regression or a gradient mismatch. CLI exit status 1."""
 

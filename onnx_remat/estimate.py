@@ -325,8 +325,10 @@ def _regions(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> d
     out: dict[str, str] = {}
     if model is not None:
         for proto in model.graph.node:
-            if tags.is_clone_name(proto.name) or tags.is_barrier_name(proto.name):
+            if tags.is_recompute_name(proto.name):
                 out[proto.name] = RECOMPUTE
+            elif tags.is_accumulate_name(proto.name):
+                out[proto.name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
     for n in tg.order:
         if n.name and n.name not in out:
             out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
@@ -393,10 +395,10 @@ def check_dims(analysis: ModelAnalysis) -> None:
         )
 
 
-def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate) -> list[ScopeMemory]:
+def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate, dropout: str) -> list[ScopeMemory]:
     from onnx_remat.analysis.scope_table import scope_report
 
-    report = scope_report(analysis)
+    report = scope_report(analysis, dropout=dropout)
     live_by_scope: dict[str, int] = {}
     for t in before.live_at_peak:
         path = t.scope
@@ -430,6 +432,7 @@ def estimate(
     after_execution_order: Sequence[str] | None = None,
     runtime_optimizations: bool = True,
     scope_table: bool = True,
+    dropout: str = "packed",
 ) -> EstimateResult:
     """Estimate the activation memory of a training step, and after a recompute rewrite.
 
@@ -437,9 +440,10 @@ def estimate(
     :class:`ModelAnalysis` (then ``dims`` must already be in it), or an
     :class:`~onnx_remat.ApplyResult` (its input graph and its rewrite are estimated; the
     estimates ``apply`` made are reused where the order and optimizations are the defaults).
-    ``scopes`` / ``op_types`` / ``nodes`` / ``recompute_outputs`` select what to recompute, as
-    :func:`onnx_remat.apply` takes them; without a selection (and without an ApplyResult) only
-    ``before`` is estimated. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
+    ``scopes`` / ``op_types`` / ``nodes`` / ``recompute_outputs`` / ``dropout`` select what to
+    recompute and how dropout masks are kept, as :func:`onnx_remat.apply` takes them; without a
+    selection (and without an ApplyResult) only ``before`` is estimated. ``dims`` binds symbolic
+    dimensions (``{"batch": 8}``).
     ``execution_order`` / ``after_execution_order``: node names in the order onnxruntime ran them
     (e.g. from a profile) instead of the emulated DEFAULT order. ``runtime_optimizations=False``
     estimates the graph as written, without onnxruntime's rewrites. Whatever it is given, the
@@ -458,7 +462,12 @@ def estimate(
         analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
         if any(_present(x) for x in (scopes, op_types, nodes)):
             applied = apply(
-                analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs
+                analysis,
+                scopes=scopes,
+                op_types=op_types,
+                nodes=nodes,
+                recompute_outputs=recompute_outputs,
+                dropout=dropout,
             )
     defaults = runtime_optimizations
     before = applied.estimate_before if applied is not None and defaults and execution_order is None else None
@@ -468,7 +477,7 @@ def estimate(
         )
     result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
     if scope_table:
-        result.scopes = _scope_rows(analysis, before)
+        result.scopes = _scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
     if applied is not None:
         after = applied.estimate_after if defaults and after_execution_order is None else None
         if after is None:
@@ -502,6 +511,8 @@ def _attach(result: EstimateResult, applied: ApplyResult, after: MemoryEstimate)
         "segments": len(summary["segments"]),
         "cloned_nodes": summary["cloned_nodes"],
         "released_bytes": summary["released_bytes"],
+        "dropout": summary["dropout"],
+        "mask_bytes": summary["mask_bytes"],  # stored for the replayed dropout masks (per segment: segments)
     }
     result.notes.extend(summary["notes"])
 
@@ -511,15 +522,24 @@ def _add_notes(result: EstimateResult) -> None:
         if est is None:
             continue
         if est.unknown:
+            n = len(est.unknown)
             result.notes.append(
-                f"{label}: {len(est.unknown)} activations of unknown size are not counted "
-                f"(e.g. {', '.join(est.unknown[:3])})"
+                f"{label}: {plural(n, 'activation')} of unknown size {'is' if n == 1 else 'are'} not counted "
+                f"({'e.g. ' if n > 3 else ''}{', '.join(est.unknown[:3])})"
             )
         if est.outside_block:
+            n = len(est.outside_block)
+            have = "has" if n == 1 else "have"
             result.notes.append(
-                f"{label}: {len(est.outside_block)} tensors ({_mib(est.outside_block_bytes)} in all) have shapes "
+                f"{label}: {plural(n, 'tensor')} ({_mib(est.outside_block_bytes)} in all) {have} shapes "
                 "onnxruntime learns only at run time; it allocates them outside the planned block"
             )
+
+
+def plural(n: int, word: str) -> str:
+    from onnx_remat.units import plural as _plural
+
+    return _plural(n, word)
 
 
 def _mib(n: int) -> str:

@@ -24,20 +24,23 @@ def artifacts_dir(name: str) -> Path:
 
 def _console_script() -> list[str]:
     script = Path(sys.executable).with_name("onnx-remat")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "onnx_remat.cli.main"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "onnx_remat.cli.entry"]
 
 
 @pytest.fixture
-def cli():
-    """Run ``onnx-remat ARGS...`` as a user would (a fresh process); returns CompletedProcess."""
+def cli(tmp_path_factory):
+    """Run ``onnx-remat ARGS...`` as a user would (a fresh process); returns CompletedProcess.
+
+    Without ``cwd`` it runs in a fresh empty folder, so a default output never lands in the
+    repository."""
 
     def run(*args, cwd=None, env=None):
-        full_env = dict(os.environ, COLUMNS="200", **(env or {}))
+        full_env = {**os.environ, "COLUMNS": "200", **(env or {})}
         return subprocess.run(
             _console_script() + [str(a) for a in args],
             capture_output=True,
             text=True,
-            cwd=cwd,
+            cwd=cwd if cwd is not None else tmp_path_factory.mktemp("cwd"),
             env=full_env,
             timeout=600,
         )
@@ -96,15 +99,16 @@ def corpus():
     (export sources and library versions) is the same.
     """
     pytest.importorskip("transformers")
-    from models.corpus import CORPUS
+    from models.corpus import CORPUS, LARGE
     from models.export import export_artifacts
 
     cache = CORPUS_CACHE / _corpus_key()
+    specs = {**CORPUS, **LARGE}
 
     def get(name: str) -> Path:
         path = cache / name
         if not (path / "training_model.onnx").is_file():
-            export_artifacts(CORPUS[name], cache)
+            export_artifacts(specs[name], cache)
         return path
 
     return get

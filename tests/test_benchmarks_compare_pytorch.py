@@ -58,14 +58,17 @@ def test_stored_for_recompute_counts_the_dropout_masks():
     result = onnx_remat.apply(artifacts_dir("fc5"), scopes="FCBlock")
     stored = stored_for_recompute(result)
     assert stored["dropout_masks"] == 5
-    assert stored["dropout_mask_bytes"] == 5 * 2048 * 256  # bool masks, one per block
+    # bool masks, one per block, as stored: packed to bits but the one recomputed first (bytes)
+    assert stored["dropout_mask_bytes"] == 4 * 2048 * 256 // 8 + 2048 * 256
     # the five block inputs (what PyTorch stores) and the last block's 2048x1 output
     assert stored["other_bytes"] == 5 * 2048 * 256 * 4 + 2048 * 4
     assert stored["unknown_sizes"] == 0
 
-    # blocks10: ten 8x16x128x128 bool masks (block 0's is kept, not replayed: x needs no gradient)
+    # blocks10: ten 8x16x128x128 bool masks, nine packed to bits
     stored = stored_for_recompute(onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block"))
-    assert stored["dropout_masks"] == 10 and stored["dropout_mask_bytes"] == 10 * 2 * MiB
+    assert stored["dropout_masks"] == 10 and stored["dropout_mask_bytes"] == 9 * MiB // 4 + 2 * MiB
+    byte = stored_for_recompute(onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block", dropout="byte"))
+    assert byte["dropout_masks"] == 10 and byte["dropout_mask_bytes"] == 9 * 2 * MiB + 2 * MiB
     assert stored["other_bytes"] == 10 * 2 * MiB  # x and the outputs of blocks 0-8: what PyTorch stores
 
 
@@ -202,7 +205,8 @@ def test_benchmark_runs_end_to_end_on_fc5(tmp_path):
     assert report["machine"]["cores"] and report["machine"]["onnxruntime"] == "1.19.2"
     (model,) = report["models"]
     rows = {r["config"]: r for r in model["rows"]}
-    assert set(rows) == {"baseline", "remat", "remat_outputs", "eager", "checkpoint"}
+    assert set(rows) == {"baseline", "remat", "remat_outputs", "remat_seed", "eager", "checkpoint"}
+    assert rows["remat_seed"]["gradients_identical"] is None and rows["remat_seed"]["seed_check"] is True
     assert not any(r["error"] for r in rows.values())
     assert rows["remat"]["gradients_identical"] is True and rows["remat_outputs"]["gradients_identical"] is True
     assert rows["remat"]["planned_peak_ratio"] < 0.6

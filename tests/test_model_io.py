@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import onnx
 import pytest
@@ -48,10 +49,11 @@ def test_save_refuses_to_overwrite(tmp_path):
     before = out.read_bytes()
     with pytest.raises(RematError, match="already exists; give --force"):
         save_model(model, out)
-    with pytest.raises(RematError, match="this is the input"):
-        save_model(model, out, inputs=(out,))
+    for force in (False, True):  # an input is never written, --force or not
+        with pytest.raises(RematError, match="this is an input"):
+            save_model(model, out, inputs=(out,), force=force)
     assert out.read_bytes() == before
-    save_model(model, out, force=True, inputs=(out,))
+    save_model(model, out, force=True)
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]  # no temporary left behind
 
 
@@ -101,8 +103,104 @@ def test_artifacts_directory_is_written_whole(tmp_path):
 
 
 def test_default_output_paths(tmp_path):
-    assert apply(artifacts_dir("fc5"), scopes="FCBlock").default_output() == artifacts_dir("fc5").with_name("fc5_remat")
+    """In the current directory, never beside the input (models/artifacts/ is scanned by tests and git)."""
+    assert apply(artifacts_dir("fc5"), scopes="FCBlock").default_output() == Path("fc5_remat")
     model_file = tmp_path / "model.onnx"
     model_file.write_bytes((artifacts_dir("fc5") / "training_model.onnx").read_bytes())
-    assert apply(model_file, scopes="runfunc*").default_output() == tmp_path / "model.remat.onnx"
+    assert apply(model_file, scopes="runfunc*").default_output() == Path("model.remat.onnx")
     os.remove(model_file)
+
+
+# -- the one writer: exclusive, atomic, never over an input, rolled back on failure ------------------
+
+
+def test_write_file_is_exclusive_and_never_over_an_input(tmp_path):
+    from onnx_remat.errors import UsageError
+    from onnx_remat.model_io import output_session, write_file
+
+    out = write_file(tmp_path / "a.json", "1")
+    with pytest.raises(RematError, match="already exists; give --force"):
+        write_file(out, "2")
+    assert write_file(out, "3", force=True).read_text() == "3"
+    with output_session({"MODEL": out}), pytest.raises(UsageError, match="this is the model"):
+        write_file(out, "4", force=True)
+    assert out.read_text() == "3"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json"]
+
+
+def test_a_failed_command_takes_back_what_it_wrote(tmp_path):
+    from onnx_remat.model_io import output_session, write_file
+
+    (tmp_path / "kept.json").write_text("old")
+    with pytest.raises(RuntimeError), output_session():
+        write_file(tmp_path / "new.json", "x")
+        write_file(tmp_path / "kept.json", "replaced", force=True)
+        raise RuntimeError("the command failed after writing")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.json"]  # created: removed; replaced: stays
+    assert (tmp_path / "kept.json").read_text() == "replaced"
+
+
+def test_claims_are_checked_before_any_work(tmp_path):
+    from onnx_remat.errors import UsageError
+    from onnx_remat.model_io import output_session
+
+    (tmp_path / "M").mkdir()
+    with output_session({"MODEL": tmp_path / "M"}) as outs:
+        outs.claim(tmp_path / "r", "-o", is_dir=True)
+        with pytest.raises(UsageError, match="given as -o and as --json"):
+            outs.claim(tmp_path / "r", "--json")
+        with pytest.raises(UsageError, match="inside the model's folder"):
+            outs.claim(tmp_path / "M" / "x.json", "--json")
+        with pytest.raises(RematError, match="no such directory"):
+            outs.claim(tmp_path / "nowhere" / "x.json", "--json")
+        assert outs.claim(None, "--json") is None and outs.claim("-", "--json") is None
+
+
+def test_external_data_file_is_an_output_too(tmp_path):
+    from onnx import numpy_helper
+
+    model = onnx.load(str(artifacts_dir("fc5") / "training_model.onnx"))
+    import numpy as np
+
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros((64, 64), np.float32), "table"))
+    (tmp_path / "m.onnx.data").write_text("not ours")
+    with pytest.raises(RematError, match=r"m.onnx.data: already exists"):
+        save_model(model, tmp_path / "m.onnx", external_data=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx.data"]
+    save_model(model, tmp_path / "m.onnx", external_data=True, force=True)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "m.onnx.data").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert load_model(tmp_path / "m.onnx").external_data
+
+
+def test_force_replaces_only_an_artifacts_directory(tmp_path):
+    result = apply(artifacts_dir("fc5"), scopes="FCBlock")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(RematError, match="not an artifacts directory"):
+        result.save(mine, force=True)
+    assert (mine / "notes.txt").read_text() == "keep me"
+    with pytest.raises(RematError, match="inside the input folder"):
+        write_artifacts(artifacts_dir("fc5"), artifacts_dir("fc5") / "sub", result.model)
+
+
+def test_critical_holds_a_signal_until_the_block_ends():
+    import signal
+
+    from onnx_remat.interrupts import Interrupted, critical, install
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    install()
+    try:
+        done = []
+        with pytest.raises(Interrupted) as caught, critical():
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):  # the handler runs between bytecodes; it must only note the signal
+                done.append(1)
+            done.append("finished")
+        assert done[-1] == "finished" and caught.value.exit_code == 143 and caught.value.word == "terminated"
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

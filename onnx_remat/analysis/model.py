@@ -17,8 +17,9 @@ import onnx
 from onnx_remat.analysis.regions import TrainingGraph, analyze
 from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
 from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.errors import ForwardOnlyGraph
 from onnx_remat.graph.bridge import ModelGraph
-from onnx_remat.model_io import LoadedModel, load_model
+from onnx_remat.model_io import LoadedModel, check_dim_names, forward_only_hint, load_model
 from onnx_remat.ortsim.registry import check_runtime_support
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
@@ -74,6 +75,7 @@ def analyze_model(
         check_runtime_support(proto)
     else:
         proto = source.model
+    check_dim_names(proto, dims, str(source.path) if source is not None else "the model")
     if eval_model is None and source is not None and source.eval_model_path is not None:
         eval_model = source.eval_model_path
     eval_proto = None
@@ -81,7 +83,12 @@ def analyze_model(
         eval_proto = (
             eval_model if isinstance(eval_model, onnx.ModelProto) else load_model(eval_model, check=False).model
         )
-    tg = analyze(ModelGraph(proto))
+    try:
+        tg = analyze(ModelGraph(proto))
+    except ForwardOnlyGraph:
+        path = source.path if source is not None else None
+        where = f"{path}: a" if path is not None else "this is a"
+        raise ForwardOnlyGraph(f"{where} forward-only graph (no gradient nodes): {forward_only_hint(path)}") from None
     tree = resolve_scopes(tg, eval_proto)
     sizes = TensorSizes(proto, dims)
     return ModelAnalysis(model=proto, source=source, graph=tg, scopes=tree, sizes=sizes)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from onnx_remat.errors import RematError
+from onnx_remat.errors import ForwardOnlyGraph, RematError
 from onnx_remat.graph.bridge import ModelGraph
 from onnx_remat.graph.conventions import (
     ACCUMULATOR_OPS,
@@ -128,7 +128,7 @@ def analyze(mg: ModelGraph) -> TrainingGraph:
         if mg.extras(n).doc_string == GRADIENT_DOC or is_gradient_node_name(n.name) or n.op in ACCUMULATOR_OPS
     ]
     if seed is None and not marked:
-        raise RematError(
+        raise ForwardOnlyGraph(
             "this is a forward-only graph (no gradient nodes): make a training graph first, "
             "e.g. with onnxruntime.training.artifacts.generate_artifacts(model, requires_grad=[...], loss=...)"
         )

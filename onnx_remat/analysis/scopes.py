@@ -296,6 +296,7 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
     by_path: dict[str, Scope] = {"": root}
     scope_of: dict[int, Scope] = {}
     sources: set[str] = set()
+    unplaced: set[int] = set()  # nodes no source gave a scope (see _place_unscoped_nodes)
 
     for node in tg.forward_nodes:
         chain = _metadata_chain(tg.mg.extras(node).metadata)
@@ -313,6 +314,8 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
             chain = _name_chain(node.name)
             if chain:
                 sources.add("node names")
+            elif not node.name.startswith("/"):
+                unplaced.add(id(node))  # a TorchScript name without a module ("/Reshape") is the root's
         if root_class is None:
             root_class = _root_class(tg.mg.extras(node).metadata) or _root_class(eval_meta.get(node.name, {}))
         scope = root
@@ -327,19 +330,12 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
             scope = child
         scope.nodes.append(node)
         scope_of[id(node)] = scope
-    _place_runtime_nodes(tg, root, scope_of)
+    _place_unscoped_nodes(tg, root, scope_of, unplaced)
     root.class_name = root_class
     for scope in root.walk():
         scope.children.sort(key=lambda c: natural_key(c.path))
     source = " + ".join(sorted(sources)) if sources else "none"
     return ScopeTree(root, scope_of, source)
-
-
-def _is_runtime_made(node: gs.Node) -> bool:
-    """A node whose name neither an exporter nor onnxblock gave: onnxruntime's optimizer made it
-    (``GPT2Gelu_token_3``, ``Gelu``) while building the training graph."""
-    name = node.name
-    return bool(name) and not name.startswith(("/", "onnx::", "node_")) and "/" not in name
 
 
 def _common_scope(scopes: list[Scope]) -> Scope | None:
@@ -356,12 +352,14 @@ def _common_scope(scopes: list[Scope]) -> Scope | None:
     return chain[best]
 
 
-def _place_runtime_nodes(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) -> None:
-    """Nodes onnxruntime made without a trace of their scope go to the innermost scope holding
-    all their scoped neighbours (the nodes they read from and feed), when there are two or more:
-    a GELU fused between two Linear layers of an MLP belongs to that MLP."""
+def _place_unscoped_nodes(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope], unplaced: set[int]) -> None:
+    """Nodes made without a trace of their scope go to the innermost scope holding all their scoped
+    neighbours (the nodes they read from and feed), when there are two or more: a GELU onnxruntime
+    fused between two Linear layers of an MLP belongs to that MLP, and so does a ``Split`` the
+    dynamo exporter's optimizer made from an attention's slices (``node_Split_291``, no metadata),
+    which would otherwise keep its outputs and its input's stored when the layer is recomputed."""
     for node in tg.forward_nodes:
-        if scope_of.get(id(node)) is not root or not _is_runtime_made(node):
+        if id(node) not in unplaced or scope_of.get(id(node)) is not root:
             continue
         neighbours: dict[int, Scope] = {}
         for t in node.inputs:

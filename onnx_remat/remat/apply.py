@@ -21,17 +21,18 @@ import onnx
 
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError, UsageError
-from onnx_remat.model_io import TRAINING_MODEL, save_model, write_artifacts
+from onnx_remat.model_io import remat_output, save_model, write_artifacts
 from onnx_remat.ortsim.optimizer import execution_order
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
-from onnx_remat.remat.random_ops import is_random
+from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode, is_random
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
-from onnx_remat.units import format_bytes
+from onnx_remat.units import format_bytes, plural
 
 if TYPE_CHECKING:
     from onnx_remat.estimate import MemoryEstimate
     from onnx_remat.remat.budget import BudgetResult
+    from onnx_remat.scheduling.schedule import ScheduleResult
 
 
 @dataclass
@@ -49,7 +50,8 @@ class ApplyResult:
     analysis: ModelAnalysis
     notes: list[str] = field(default_factory=list)
     estimate_before: MemoryEstimate | None = None  # the original graph, when the peak was checked
-    estimate_after: MemoryEstimate | None = None  # the rewrite
+    estimate_after: MemoryEstimate | None = None  # the rewrite (scheduled, when it was)
+    schedule: ScheduleResult | None = None  # the memory schedule of the rewrite (None: not scheduled)
     budget: BudgetResult | None = None  # how a memory budget was met (apply(..., budget=...))
 
     @property
@@ -62,31 +64,46 @@ class ApplyResult:
         return self.rewrite.clone_count
 
     def default_output(self) -> Path:
-        """Where :meth:`save` writes without a path: ``x.remat.onnx`` or ``<artifacts>_remat/``."""
+        """Where :meth:`save` writes without a path: ``x.remat.onnx`` or ``<artifacts>_remat/`` in the
+        current directory (never beside the input, which may be read-only or a folder others scan)."""
         src = self.analysis.source
         if src is None:
             raise RematError("the model was given in memory: give an output path")
-        if src.artifacts_dir is not None and src.path.name == TRAINING_MODEL:
-            return src.artifacts_dir.with_name(src.artifacts_dir.name + "_remat")
-        return src.path.with_name(src.path.name.removesuffix(".onnx") + ".remat.onnx")
+        return remat_output(src.artifacts_dir or src.path)[0]
 
     def save(self, path: str | os.PathLike | None = None, *, force: bool = False) -> Path:
         """Write the result atomically; returns where.
 
         From an artifacts directory the output is a complete artifacts directory (checkpoint,
         eval and optimizer models copied) unless ``path`` ends in ``.onnx``; otherwise a model
-        file. Replacing an existing output, or the input, needs ``force``.
+        file. Replacing an existing output needs ``force``; the input files are never replaced
+        (:func:`onnx_remat.model_io.check_output`).
         """
         out = Path(path) if path is not None else self.default_output()
         src = self.analysis.source
-        inputs = (src.path,) if src is not None else ()
-        external = src.external_data if src is not None else None
-        if src is not None and src.artifacts_dir is not None and out.suffix != ".onnx":
-            return write_artifacts(src.artifacts_dir, out, self.model, force=force)
-        return save_model(self.model, out, force=force, inputs=inputs, external_data=external or None)
+        if src is None:
+            return save_model(self.model, out, force=force)
+        inputs = tuple(src.files or [src.path]) + tuple(
+            p for p in (src.eval_model_path, src.checkpoint_path, src.artifacts_dir) if p is not None
+        )
+        external = src.external_data or None
+        if src.artifacts_dir is not None and out.suffix != ".onnx":
+            return write_artifacts(src.artifacts_dir, out, self.model, force=force, external_data=external)
+        return save_model(self.model, out, force=force, inputs=inputs, external_data=external)
+
+    @property
+    def dropout(self) -> str:
+        """How dropout masks are kept: ``packed``, ``seed`` or ``byte`` (see :func:`apply`)."""
+        return self.plan.dropout
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes the rewrite stores for the dropout masks its segments replay (each mask once)."""
+        return self.plan.mask_bytes
 
     def summary(self) -> dict:
-        """JSON-ready summary: the model, counts and one entry per segment."""
+        """JSON-ready summary: the model, counts and one entry per segment (with its ``masks`` and
+        ``mask_bytes``: the dropout masks its clones replay and the bytes stored for them)."""
         return {
             "model": self.analysis.name,
             "graph": self.analysis.graph.counts(),
@@ -96,8 +113,21 @@ class ApplyResult:
             "notes": self.plan.notes + self.notes,
             "cloned_nodes": self.clone_count,
             "released_bytes": self.released_bytes,
+            "schedule": self.schedule.summary() if self.schedule is not None else None,
+            "dropout": self.dropout,
+            "masks": len(self.plan.masks),
+            "mask_bytes": self.mask_bytes,
+            "dropout_seeds": dict(self.rewrite.dropout_seeds),
             **({"budget": self.budget.summary()} if self.budget is not None else {}),
         }
+
+
+SEED_NOTE = (
+    "dropout=seed: {n} Dropouts now draw from seeds of their own (their recompute draws the same masks), "
+    "not from onnxruntime's global generator: the random stream differs from the original graph's, so loss "
+    "and gradients are not bit-identical to it by design (onnx-remat compare checks them against the "
+    "original with the same seeds)"
+)
 
 
 def _has_random_ops(analysis: ModelAnalysis) -> bool:
@@ -122,6 +152,7 @@ def plan(
     op_types: str | Iterable[str] | None = None,
     nodes: str | Iterable[str] | None = None,
     recompute_outputs: bool = False,
+    dropout: str = DEFAULT_DROPOUT,
 ) -> RecomputePlan:
     """The recompute plan for a selection, without rewriting (used by ``apply`` and ``estimate``)."""
     selection = Selection(
@@ -130,7 +161,7 @@ def plan(
         nodes=list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes),
         recompute_outputs=recompute_outputs,
     )
-    return Planner(analysis.graph, analysis.scopes, analysis.sizes).plan(selection)
+    return Planner(analysis.graph, analysis.scopes, analysis.sizes, dropout=dropout).plan(selection)
 
 
 def apply(
@@ -143,6 +174,10 @@ def apply(
     dims: dict[str, int] | None = None,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     check_peak: bool = True,
+    dropout: str = DEFAULT_DROPOUT,
+    dropout_seed: int = 0,
+    schedule: bool = True,
+    grad_accumulation: str = "inplace",
     budget: int | str | None = None,
     profile: str | os.PathLike | dict | None = None,
 ) -> ApplyResult:
@@ -156,9 +191,25 @@ def apply(
     ``recompute_outputs`` merges adjacent recomputed scopes (MindSpore's ``output_recompute``).
     ``dims`` binds symbolic dimensions for the memory figures.
 
-    With ``check_peak`` (the default) the planned peak of the original and of the rewrite are
-    estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before`` /
-    ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
+    ``dropout`` says how a recomputed ``Dropout`` gets its mask back
+    (:mod:`onnx_remat.remat.random_ops`): ``"packed"`` (default) stores it at one bit per element
+    and replays it bit-identically (with ``check_peak``, unless the estimate is lower with the
+    masks as bytes: then they stay bytes, and a note says so); ``"byte"`` stores it as it is (one byte per element);
+    ``"seed"`` stores none and draws again from a seed given to the forward Dropout as well
+    (``dropout_seed`` shifts the seeds): the recomputed mask equals the forward one, but the
+    random stream differs from the original graph's, so loss and gradients are not
+    bit-identical to it by design.
+
+    With ``schedule`` (the default) the rewrite then goes through the memory schedule
+    (:class:`~onnx_remat.scheduling.schedule.MemorySchedule`: an execution order with a lower
+    planned peak, written into the node list, and ``grad_accumulation`` for the partial gradients
+    of shared parameters: ``"inplace"`` (exact), ``"early"`` (bit-identical with gradients reset
+    every step, rounds differently across accumulation steps) or ``"sum"``); ``ApplyResult.model``
+    is the scheduled graph. It needs every dimension bound, as the estimate does.
+
+    With ``check_peak`` (the default) the planned peak of the original and of the (scheduled)
+    rewrite are estimated (:mod:`onnx_remat.estimate`, nothing runs; ``ApplyResult.estimate_before``
+    / ``estimate_after``), and segments whose recompute would raise it are skipped and reported,
     until the rewrite's estimated peak is no higher than the original's. Nothing is written:
     call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
     a selection that matches nothing, or one of which nothing can be recomputed.
@@ -169,8 +220,12 @@ def apply(
     :func:`onnx_remat.remat.cost.node_costs`). ``ApplyResult.budget`` says how; a budget below the
     lowest reachable peak raises a RematError naming that peak.
     """
-    from onnx_remat.estimate import estimate_original, estimate_rewritten
+    from onnx_remat.estimate import check_dims, estimate_original, estimate_rewritten
+    from onnx_remat.scheduling.accumulate import MODES
 
+    if grad_accumulation not in MODES:
+        raise RematError(f"gradient accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
+    check_dropout_mode(dropout)
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
     if budget is not None:
@@ -178,7 +233,7 @@ def apply(
             raise UsageError("give a budget or a selection (scopes, op types, nodes), not both")
         from onnx_remat.remat.budget import apply_budget
 
-        return apply_budget(analysis, budget, profile=profile)
+        return apply_budget(analysis, budget, profile=profile, dropout=dropout)
     notes: list[str] = []
     before = None
     if check_peak:
@@ -186,9 +241,17 @@ def apply(
             before = estimate_original(analysis)
         except RematError as exc:
             notes.append(f"the planned peak was not checked: {exc}")
+    if schedule:
+        try:
+            check_dims(analysis)
+        except RematError as exc:
+            schedule = False
+            notes.append(f"the rewrite was not scheduled: {exc}")
     order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
 
-    full_plan = plan(analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs)
+    full_plan = plan(
+        analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=dropout
+    )
     dropped: dict[str, str] = {}
     while True:
         recompute_plan = dataclasses.replace(
@@ -198,32 +261,73 @@ def apply(
         )
         if not recompute_plan.segments:
             raise RematError(nothing_to_recompute(recompute_plan))
-        rewrite = RecomputeRewrite(random_order=order)(analysis.graph, recompute_plan)
+        rewrite = RecomputeRewrite(random_order=order, dropout_seed=dropout_seed)(analysis.graph, recompute_plan)
+        scheduled = _schedule(analysis, rewrite, order, grad_accumulation) if schedule else None
+        result_model = scheduled.model if scheduled is not None else rewrite.model
         if before is None:
             after = None
             break
-        after = estimate_rewritten(analysis, rewrite.model)
+        # The check is on the graph that will be written: the scheduled rewrite.
+        after = estimate_rewritten(analysis, result_model)
         if after.planned_peak_bytes <= before.planned_peak_bytes:
             break
         label = _culprit(after, rewrite)
         rise = after.planned_peak_bytes - before.planned_peak_bytes
         to = format_bytes(after.planned_peak_bytes)
         dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
-    check_runtime_support(rewrite.model, "rewritten model")
+    check_runtime_support(result_model, "rewritten model")
+    if rewrite.dropout_seeds:
+        notes.append(SEED_NOTE.format(n=len(rewrite.dropout_seeds)))
     unknown = recompute_plan.unknown_sizes
     if unknown:
         symbols = analysis.sizes.unbound_symbols(unknown)
         hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
-        notes.append(f"{len(unknown)} tensors of unknown size are not counted in the bytes released{hint}")
-    return ApplyResult(
-        model=rewrite.model,
+        verb = "is" if len(unknown) == 1 else "are"
+        notes.append(f"{plural(len(unknown), 'tensor')} of unknown size {verb} not counted in the bytes released{hint}")
+    result = ApplyResult(
+        model=result_model,
         plan=recompute_plan,
         rewrite=rewrite,
         analysis=analysis,
         notes=notes,
         estimate_before=before,
         estimate_after=after,
+        schedule=scheduled,
     )
+    if dropout == "packed" and after is not None and rewrite.packed_masks:
+        # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
+        # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
+        # earlier block's masks again), the masks stay bytes.
+        byte = apply(
+            analysis,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            check_peak=True,
+            dropout="byte",
+            schedule=schedule,
+            grad_accumulation=grad_accumulation,
+        )
+        lower = byte.estimate_after.planned_peak_bytes if byte.estimate_after is not None else None
+        if lower is not None and lower < after.planned_peak_bytes:
+            byte.notes.append(
+                "dropout masks kept at one byte per element: packing them raises the estimated planned peak "
+                f"({format_bytes(after.planned_peak_bytes)} against {format_bytes(lower)})"
+            )
+            return byte
+    return result
+
+
+def _schedule(
+    analysis: ModelAnalysis, rewrite: RewriteResult, order: list[str] | None, grad_accumulation: str
+) -> ScheduleResult:
+    """The memory schedule of a rewrite (random ops keep the original graph's order)."""
+    from onnx_remat.analysis.sizes import TensorSizes
+    from onnx_remat.scheduling.schedule import MemorySchedule
+
+    sizes = TensorSizes(rewrite.model, analysis.sizes.dims)
+    return MemorySchedule(grad_accumulation=grad_accumulation)(rewrite.model, sizes, random_order=order)
 
 
 def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:

@@ -358,14 +358,10 @@ class BudgetPlanner:
         return self._evaluate_plan(plan, source, choices, owners)
 
     def _plan(self, segments: list[Segment], notes: list[str]) -> RecomputePlan:
-        fields = {f.name for f in dataclasses.fields(RecomputePlan)}
-        extra: dict = {}
-        if "dropout" in fields and self.dropout is not None:
-            extra["dropout"] = self.dropout
-        if "mask_shapes" in fields:
-            sizes = self.analysis.sizes
-            extra["mask_shapes"] = {t.name: sizes.raw_dims(t.name) for s in segments for t in getattr(s, "masks", [])}
-        return RecomputePlan(segments=segments, notes=notes, **extra)
+        extra: dict = {"dropout": self.dropout} if self.dropout is not None else {}
+        sizes = self.analysis.sizes
+        mask_shapes = {t.name: sizes.raw_dims(t.name) for s in segments for t in s.masks}
+        return RecomputePlan(segments=segments, notes=notes, mask_shapes=mask_shapes, **extra)
 
     # -- references -----------------------------------------------------------------------------
 

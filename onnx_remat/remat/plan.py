@@ -24,6 +24,15 @@ running statistic), stored tensors next to a Transpose that onnxruntime may move
 :meth:`Planner._layout_free`), random ops (their outputs stay stored; a ``Dropout`` *is* recomputed by
 re-applying its stored mask, which reproduces its output exactly, as Paddle's
 ``preserve_rng_state`` does), nodes with subgraphs, and nodes whose inputs are all constants.
+
+Dropout masks (``dropout=``, :data:`~onnx_remat.remat.random_ops.DROPOUT_MODES`): ``byte`` keeps
+each replayed Dropout's mask stored as it is (one byte per element); ``packed`` (the default)
+makes the mask of every training-mode Dropout in a segment a target too, stored at one bit per
+element (:mod:`onnx_remat.remat.mask_packing`) and unpacked when the segment is recomputed, also
+for a Dropout whose output is not stored (its mask alone is unpacked; its inputs are not
+needed); ``seed`` stores no mask: the Dropout is re-drawn from a seed
+(:mod:`onnx_remat.remat.random_ops`). A segment's ``masks`` and ``mask_bytes`` say what its masks
+cost in storage.
 A segment whose clones would not lower memory (the stored bytes it releases do not exceed the
 bytes of boundary tensors it must keep alive longer) is skipped and reported.
 """
@@ -41,7 +50,14 @@ from onnx_remat.analysis.scopes import ScopeTree
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.ortsim.kernels import written_inputs
-from onnx_remat.remat.random_ops import is_random, is_replayable
+from onnx_remat.remat.mask_packing import can_pack, default_opset, packed_nbytes
+from onnx_remat.remat.random_ops import (
+    DEFAULT_DROPOUT,
+    check_dropout_mode,
+    is_random,
+    is_replayable,
+    is_seedable_gradient,
+)
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _TRANSPOSE_FUSING = frozenset({"MatMul", "FusedMatMul", "Gemm", "TransposeMatMul"})
@@ -87,6 +103,16 @@ class Segment:
     # (a target of that segment), not from storage: the budget planner's boundaries recomputed once
     # and shared (:mod:`onnx_remat.remat.budget`). Empty for every selection-made plan.
     from_clones: list[str] = field(default_factory=list)
+    dropout: str = DEFAULT_DROPOUT  # how replayed dropout masks are kept: packed, seed or byte
+    masks: list[gs.Tensor] = field(default_factory=list)  # masks of the Dropouts the clones replay
+    # Bytes stored per mask in ``masks`` (one per element, one bit per element, or none); a mask of
+    # unknown size is missing here and listed in ``unknown_sizes``.
+    mask_storage: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes stored for the dropout masks this segment's clones replay."""
+        return sum(self.mask_storage.values())
 
     def summary(self) -> dict:
         """JSON-ready description (used in the model's metadata and in reports)."""
@@ -104,6 +130,9 @@ class Segment:
             "notes": self.notes,
             "group": self.group,
             "from_clones": self.from_clones,
+            "dropout": self.dropout,
+            "masks": [t.name for t in self.masks],
+            "mask_bytes": self.mask_bytes,
         }
 
 
@@ -120,6 +149,9 @@ class RecomputePlan:
     segments: list[Segment]
     skipped: list[SkippedSegment] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    dropout: str = DEFAULT_DROPOUT
+    # Declared shape (ints or symbols) of every mask the segments replay; None if unknown.
+    mask_shapes: dict[str, tuple | None] = field(default_factory=dict)
 
     @property
     def released_bytes(self) -> int:
@@ -130,6 +162,19 @@ class RecomputePlan:
     def unknown_sizes(self) -> list[str]:
         """Tensors whose size is unknown, so not counted in :attr:`released_bytes`."""
         return sorted({n for s in self.segments for n in s.unknown_sizes})
+
+    @property
+    def masks(self) -> list[str]:
+        """Names of the dropout masks the segments replay, each once."""
+        return list(dict.fromkeys(t.name for s in self.segments for t in s.masks))
+
+    @property
+    def mask_bytes(self) -> int:
+        """Bytes stored for :attr:`masks` (a mask several segments replay counts once)."""
+        seen: dict[str, int] = {}
+        for s in self.segments:
+            seen.update(s.mask_storage)
+        return sum(seen.values())
 
 
 def _op_histogram(nodes: list[gs.Node]) -> dict[str, int]:
@@ -158,10 +203,13 @@ class _UnionFind:
 class Planner:
     """Builds a :class:`RecomputePlan`; see the module docstring for the semantics."""
 
-    def __init__(self, tg: TrainingGraph, tree: ScopeTree, sizes: TensorSizes):
+    def __init__(self, tg: TrainingGraph, tree: ScopeTree, sizes: TensorSizes, dropout: str = DEFAULT_DROPOUT):
         self.tg = tg
         self.tree = tree
         self.sizes = sizes
+        self.dropout = check_dropout_mode(dropout)
+        self._opset = default_opset(tg.mg.source)
+        self._keep_bytes: set[int] = set()  # Dropouts whose masks stay bytes in packed mode
         self._stashed = {t.name for t in tg.stashed}
         self._graph_outputs = {t.name for t in tg.graph.outputs}
         # Tensors some node overwrites in place, and by which node: a clone reading one would
@@ -229,6 +277,33 @@ class Planner:
         """Plan segments for ``selection``. Raises :class:`RematError` for selections matching nothing."""
         if selection.is_empty():
             raise RematError("nothing selected: give --scope, --op-type or --node")
+        kept, skipped, notes = self._build(selection)
+        if self.dropout == "packed":
+            # The segment the backward pass recomputes first needs its masks right after the
+            # forward pass ends, where memory is highest: unpacking them there costs more (the mask
+            # again, plus scratch that onnxruntime's planner then keeps for every later unpack)
+            # than their bytes saved in the forward pass's last layers. They stay bytes.
+            first = self._first_in_backward(kept)
+            # Its own masks: the targets its backward readers need (a stage of --recompute-outputs
+            # replays the earlier blocks' Dropouts too; their masks are needed later).
+            hold = (
+                [p for t in first.targets if self._is_mask(t) and (p := producer(t)) is not None and self._packable(p)]
+                if first is not None
+                else []
+            )
+            if first is not None and hold:
+                self._keep_bytes.update(id(n) for n in hold)
+                kept, skipped, notes = self._build(selection)
+                names = ", ".join(n.name or n.op for n in hold)
+                notes.append(
+                    f"dropout mask{'s' if len(hold) > 1 else ''} of {names} kept at one byte per element: segment "
+                    f"{first.label} is recomputed first, right after the forward pass, where unpacking costs more "
+                    "than packing saves"
+                )
+        shapes = {t.name: self.sizes.raw_dims(t.name) for s in kept for t in s.masks}
+        return RecomputePlan(segments=kept, skipped=skipped, notes=notes, dropout=self.dropout, mask_shapes=shapes)
+
+    def _build(self, selection: Selection) -> tuple[list[Segment], list[SkippedSegment], list[str]]:
         segments: list[Segment] = []
         notes: list[str] = []
         if selection.scopes:
@@ -248,7 +323,16 @@ class Planner:
                 kept.append(seg)
         # In forward order of what they release (stages of a group share their first clones).
         kept.sort(key=lambda s: min(self.tg.position[id(producer(t))] for t in s.targets))
-        return RecomputePlan(segments=kept, skipped=skipped, notes=notes)
+        return kept, skipped, notes
+
+    def _first_in_backward(self, segments: list[Segment]) -> Segment | None:
+        """The segment whose first backward reader comes first (the backward pass recomputes it first)."""
+        best: tuple[int, Segment] | None = None
+        for seg in segments:
+            readers = [self.tg.position[id(c)] for t in seg.targets for c in self.tg.backward_consumers(t)]
+            if readers and (best is None or min(readers) < best[0]):
+                best = (min(readers), seg)
+        return best[1] if best is not None else None
 
     def scope_segment(self, scope) -> Segment | None:
         """The accounted segment recomputing ``scope`` alone (None if it stores nothing recomputable)."""
@@ -352,13 +436,13 @@ class Planner:
                     output_nodes.add(id(n))
                     break
         candidates = {id(n) for n in nodes if id(n) not in output_nodes and self.cloneable(n)}
+        # A Dropout whose output leaves the scope stays stored, but a mask that comes back without
+        # the Dropout's inputs (unpacked, or redrawn by its gradient) is released all the same.
+        candidates |= {id(n) for n in nodes if id(n) in output_nodes and self._mask_alone(n)}
         targets = [t for n in nodes if id(n) in candidates for t in self._recomputable_outputs(n)]
-        kept = [t for n in nodes if id(n) not in candidates for t in n.outputs if t.name in self._stashed]
-        kept += [
-            n.outputs[1]
-            for n in nodes
-            if id(n) in candidates and is_replayable(n) and n.outputs[1].name in self._stashed
-        ]
+        targets = [t for t in targets if id(producer(t)) not in output_nodes or self._is_mask(t)]
+        target_names = {t.name for t in targets}
+        kept = [t for n in nodes for t in n.outputs if t.name in self._stashed and t.name not in target_names]
         return candidates, targets, kept
 
     def _scope_segment(self, label: str, paths: list[str], nodes: list[gs.Node]) -> Segment | None:
@@ -420,25 +504,79 @@ class Planner:
         return sorted(selected.values(), key=lambda n: self.tg.position[id(n)])
 
     def _recomputable_outputs(self, node: gs.Node) -> list[gs.Tensor]:
-        """Stashed outputs of ``node`` that a clone can reproduce (not a dropout mask)."""
-        outs = node.outputs[:1] if is_replayable(node) else node.outputs
+        """Stashed outputs of ``node`` that a clone can reproduce (a dropout mask when not kept as bytes)."""
+        if is_replayable(node):
+            outs = node.outputs[:1]
+            if self.dropout == "seed" or self._packable(node):
+                outs = node.outputs[:2]
+        else:
+            outs = node.outputs
         return [t for t in outs if t.name in self._stashed]
 
+    def _mask_alone(self, node: gs.Node) -> bool:
+        """Whether the mask of this replayable Dropout comes back without the Dropout's inputs:
+        unpacked (``packed``), or redrawn by its gradient nodes themselves (``seed``)."""
+        if self.dropout == "packed":
+            return self._packable(node)
+        if self.dropout == "seed":
+            return self._redrawable(node)
+        return False
+
+    def _redrawable(self, node: gs.Node) -> bool:
+        """A replayable Dropout whose mask only ``DropoutGrad`` nodes read: with ``seed`` each becomes a
+        Dropout of its gradient input with the same seed (:mod:`onnx_remat.remat.random_ops`)."""
+        if not is_replayable(node):
+            return False
+        readers = node.outputs[1].outputs
+        return bool(readers) and all(
+            is_seedable_gradient(c, node.outputs[1]) and self.tg.is_backward(c) for c in readers
+        )
+
+    def _packable(self, node: gs.Node) -> bool:
+        """A replayable Dropout whose mask can be packed: this opset and shape allow it, and a forward
+        node reads its output (the packing runs before that reader, see the rewrite)."""
+        if self.dropout != "packed" or not is_replayable(node) or id(node) in self._keep_bytes:
+            return False
+        if not can_pack(self.sizes.raw_dims(node.outputs[1].name), self._opset):
+            return False
+        return any(self.tg.is_forward(c) for c in node.outputs[0].outputs)
+
+    def _is_mask(self, t: gs.Tensor) -> bool:
+        p = producer(t)
+        return p is not None and is_replayable(p) and t is p.outputs[1]
+
+    def _replays_output(self, node: gs.Node, inside: set[int], target_names: set[str]) -> bool:
+        """Whether a segment recomputing ``node`` (a replayable Dropout) needs its output, and so its
+        inputs; a packed mask alone is unpacked without them."""
+        if not self._mask_alone(node):
+            return True
+        out = node.outputs[0]
+        return out.name in target_names or any(id(c) in inside for c in out.outputs)
+
     def _segment(self, label, kind, paths, targets, expandable, kept) -> Segment | None:
-        """Close ``targets`` over their producers while ``expandable``; the rest is boundary."""
+        """Close ``targets`` over their producers while ``expandable``; the rest is boundary.
+
+        A Dropout reached only through its mask is recomputed without its inputs when the mask comes
+        back alone (:meth:`_mask_alone`); reached through its output (a target, or read by another
+        recomputed node) it is replayed from its inputs.
+        """
         if not targets:
             return None
         chosen: dict[int, gs.Node] = {}
-        stack = [p for p in (producer(t) for t in targets) if p is not None]
+        expanded: set[int] = set()
+        mask_only = lambda p, t: self._is_mask(t) and self._mask_alone(p)
+        stack = [(p, not mask_only(p, t)) for t in targets if (p := producer(t)) is not None]
         while stack:
-            node = stack.pop()
-            if id(node) in chosen:
-                continue
+            node, full = stack.pop()
             chosen[id(node)] = node
+            if not full or id(node) in expanded:
+                continue
+            expanded.add(id(node))
             for t in node.inputs:
                 p = producer(t) if t.name else None
-                if p is not None and id(p) not in chosen and expandable(p):
-                    stack.append(p)
+                if p is not None and id(p) not in expanded and expandable(p):
+                    stack.append((p, not mask_only(p, t)))
+        target_names = {t.name for t in targets}
         recompute = sorted(chosen.values(), key=lambda n: self.tg.position[id(n)])
         return Segment(
             label=label,
@@ -446,21 +584,27 @@ class Planner:
             scopes=list(paths),
             recompute=recompute,
             targets=list(targets),
-            boundary=self._boundary(recompute),
+            boundary=self._boundary(recompute, target_names),
             kept=unique_tensors(kept),
+            dropout=self.dropout,
+            masks=[n.outputs[1] for n in recompute if is_replayable(n)],
         )
 
-    def _boundary(self, recompute: list[gs.Node]) -> list[gs.Tensor]:
+    def _boundary(self, recompute: list[gs.Node], target_names: set[str]) -> list[gs.Tensor]:
         inside = {id(n) for n in recompute}
         seen: dict[str, gs.Tensor] = {}
         for n in recompute:
-            replay = is_replayable(n)
-            inputs = list(n.inputs) + ([n.outputs[1]] if replay else [])  # a replay reads the stored mask
+            inputs = list(n.inputs)
+            if is_replayable(n):
+                if self.dropout == "byte" or (self.dropout == "packed" and not self._packable(n)):
+                    inputs.append(n.outputs[1])  # the replay reads the mask stored as it is
+                elif not self._replays_output(n, inside, target_names):
+                    inputs = []  # the packed mask alone is unpacked (it is no boundary tensor)
             for t in inputs:
                 if not t.name or t.name in seen:
                     continue
                 p = producer(t)
-                if p is None or id(p) not in inside or (replay and t is n.outputs[1]):
+                if p is None or id(p) not in inside or (is_replayable(n) and t is n.outputs[1]):
                     seen[t.name] = t
         return list(seen.values())
 
@@ -486,16 +630,19 @@ class Planner:
             nodes = {id(n): n for s in group for n in s.recompute}
             recompute = sorted(nodes.values(), key=lambda n: self.tg.position[id(n)])
             first = group[0]
+            targets = unique_tensors([t for s in group for t in s.targets])
             merged.append(
                 Segment(
                     label=first.label if len(group) == 1 else f"{first.label}+{len(group) - 1}",
                     kind=first.kind,
                     scopes=[p for s in group for p in s.scopes],
                     recompute=recompute,
-                    targets=unique_tensors([t for s in group for t in s.targets]),
-                    boundary=self._boundary(recompute),
+                    targets=targets,
+                    boundary=self._boundary(recompute, {t.name for t in targets}),
                     kept=unique_tensors([t for s in group for t in s.kept]),
                     notes=[f"merged {', '.join(s.label for s in group)}: they recompute shared nodes"],
+                    dropout=self.dropout,
+                    masks=[n.outputs[1] for n in recompute if is_replayable(n)],
                 )
             )
         return merged
@@ -520,7 +667,7 @@ class Planner:
                         seg.label, seg.kind, seg.scopes, seg.targets, lambda n, keep=keep: id(n) in keep, seg.kept
                     )
                     assert rebuilt is not None  # seg.targets is not empty
-                    seg.recompute, seg.boundary = rebuilt.recompute, rebuilt.boundary
+                    seg.recompute, seg.boundary, seg.masks = rebuilt.recompute, rebuilt.boundary, rebuilt.masks
             segments = [s for s in segments if s.targets]
             if not changed:
                 break
@@ -529,6 +676,7 @@ class Planner:
     # -- memory accounting -------------------------------------------------------------------
 
     def _account(self, seg: Segment) -> None:
+        """Bytes released: stored targets, less boundary tensors kept alive longer and packed masks."""
         unknown: list[str] = []
         target_bytes = 0
         for t in seg.targets:
@@ -537,6 +685,17 @@ class Planner:
                 unknown.append(t.name)
             else:
                 target_bytes += b
+        seg.mask_storage = {}
+        for t in seg.masks:
+            b = self.sizes.nbytes(t.name)
+            if b is None:
+                if t.name not in unknown:
+                    unknown.append(t.name)
+                continue
+            seg.mask_storage[t.name] = self._stored_mask_bytes(t, b)
+        target_names = {t.name for t in seg.targets}
+        # A packed mask this segment releases is stored as bits instead.
+        packed_here = sum(b for name, b in seg.mask_storage.items() if name in target_names)
         extra = 0
         for t in seg.boundary:
             if self._is_source(t) or t.name in self._stashed:
@@ -549,12 +708,28 @@ class Planner:
         seg.target_bytes = target_bytes
         seg.extra_boundary_bytes = extra
         seg.unknown_sizes = unknown
-        seg.released_bytes = target_bytes - extra
+        seg.released_bytes = target_bytes - extra - packed_here
+
+    def _stored_mask_bytes(self, mask: gs.Tensor, nbytes: int) -> int:
+        """Bytes the graph stores for a replayed Dropout's ``mask`` of ``nbytes`` bytes as bool."""
+        if mask.name not in self._stashed:
+            return 0
+        node = producer(mask)
+        if self.dropout == "seed":
+            return 0
+        if self.dropout == "packed" and node is not None and self._packable(node):
+            return packed_nbytes(nbytes)
+        return nbytes
 
     def _skip_reason(self, seg: Segment) -> str | None:
         if not seg.unknown_sizes and seg.released_bytes <= 0:
             return (
                 f"would not lower memory: releases {seg.target_bytes} B of stored activations but keeps "
                 f"{seg.extra_boundary_bytes} B of its inputs alive until the backward pass"
+                + (
+                    f" and stores {seg.mask_bytes} B of packed dropout masks"
+                    if self.dropout == "packed" and seg.mask_bytes
+                    else ""
+                )
             )
         return None

@@ -30,11 +30,26 @@ JSON (:meth:`Comparison.to_json`, ``onnx-remat compare --json``)::
                                        # missing in B
       "mismatched": ["..."],           # outputs that are not equal (within tolerance)
       "only_in_a": [], "only_in_b": [], # outputs one graph has and the other has not
-      "equality_run": "first_step"     # outputs compared: of the first measured step, or
+      "equality_run": "first_step",    # outputs compared: of the first measured step, or
                                        # "single_thread": of a one-thread step of each graph,
                                        # when either graph's outputs varied run to run, holds
                                        # an op known to (GatherGrad), or to confirm a mismatch
+      "by_design": null,               # B is a dropout="seed" rewrite: why it is not compared
+                                       # with A itself (then "reference" and "mask_check" say
+                                       # what was checked instead)
+      "reference": "A",                # what B's outputs are compared with: "A", or "A with B's
+                                       # dropout seeds" (A's Dropouts given B's seeds)
+      "mask_check": null | {           # dropout="seed": each redraw against the forward pass
+        "steps": 3, "equal": true, "pairs": 20,
+        "mismatched": [{"step": 2, "dropout": "...", "what": "mask", "by": "..."}, ...]
+      }
     }
+
+A ``dropout="seed"`` rewrite (:mod:`onnx_remat.remat.seed_check`) draws other masks than the
+original, so its loss and gradients differ from A's by design. Then ``equal`` says that they are
+bit-identical to those of A with B's seeds (one single-threaded step of each), and that in each of
+``MASK_CHECK_STEPS`` steps every recomputed mask (and cloned Dropout output) equals the forward
+one.
 """
 
 from __future__ import annotations
@@ -47,8 +62,11 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import RematError
+from onnx_remat.model_io import check_dim_names
+from onnx_remat.remat.seed_check import seeded_dropouts, seeded_reference, with_mask_outputs
 from onnx_remat.runtime.inputs import check_same_inputs, classify_inputs, prepare_feeds
 from onnx_remat.runtime.measure import (
+    FORWARD_ONLY_NOTE,
     Measurement,
     ProgressCallback,
     _check_checkpoint,
@@ -57,6 +75,7 @@ from onnx_remat.runtime.measure import (
     _reference_outputs,
     _Source,
     _source,
+    _step_outputs,
     _validate,
     _Workdir,
 )
@@ -77,6 +96,9 @@ class Comparison:
     only_in_a: list[str] = field(default_factory=list)
     only_in_b: list[str] = field(default_factory=list)
     equality_run: str = "first_step"
+    by_design: str | None = None
+    reference: str = "A"
+    mask_check: MaskCheck | None = None
 
     def to_json(self) -> dict:
         """The JSON object documented in this module's docstring."""
@@ -92,7 +114,34 @@ class Comparison:
             "only_in_a": self.only_in_a,
             "only_in_b": self.only_in_b,
             "equality_run": self.equality_run,
+            "by_design": self.by_design,
+            "reference": self.reference,
+            "mask_check": self.mask_check.to_json() if self.mask_check is not None else None,
         }
+
+
+MASK_CHECK_STEPS = 3
+BY_DESIGN = (
+    "not bit-identical by design: B is a dropout=seed rewrite, whose Dropouts draw from seeds of their own "
+    "(another random stream than A's)"
+)
+
+
+@dataclass
+class MaskCheck:
+    """Forward and recomputed dropout masks (and cloned Dropout outputs) of a seed-mode rewrite,
+    compared in each of ``steps`` consecutive steps."""
+
+    steps: int
+    pairs: int
+    mismatched: list[dict] = field(default_factory=list)  # {"step", "dropout", "what", "by"}
+
+    @property
+    def equal(self) -> bool:
+        return self.pairs > 0 and not self.mismatched
+
+    def to_json(self) -> dict:
+        return {"steps": self.steps, "equal": self.equal, "pairs": self.pairs, "mismatched": self.mismatched}
 
 
 # Kernels whose CPU results depend on thread scheduling (accumulations into shared rows).
@@ -206,6 +255,7 @@ def compare(
             src_a.checkpoint = src_b.checkpoint
             notes_a.append(f"parameters from B's checkpoint {src_b.checkpoint}")
         for src in (src_a, src_b):
+            check_dim_names(src.model, dims, src.label)
             _check_checkpoint(src.checkpoint)
         check_same_inputs(classify_inputs(src_a.model), classify_inputs(src_b.model))
         feeds = prepare_feeds(
@@ -234,10 +284,27 @@ def compare(
 
         ma, out_a = run(src_a, "A")
         mb, out_b = run(src_b, "B")
-        ma.notes.extend(notes_a)
-        mb.notes.extend(notes_b)
+        ma.notes.extend(notes_a + ([FORWARD_ONLY_NOTE] if src_a.forward_only else []))
+        mb.notes.extend(notes_b + ([FORWARD_ONLY_NOTE] if src_b.forward_only else []))
         if out_a is None or out_b is None:  # pragma: no cover - the worker always writes them
             raise RematError("a measuring process returned no outputs to compare")
+        seeds = seeded_dropouts(src_b.model)
+        if seeds:
+            return _compare_seeded(
+                ma,
+                mb,
+                src_a,
+                src_b,
+                seeds,
+                feeds,
+                path,
+                tmp,
+                device=device,
+                seed=seed,
+                atol=atol,
+                rtol=rtol,
+                progress=progress,
+            )
 
         def single_threaded():
             return (
@@ -290,3 +357,71 @@ def compare(
             only_in_b=only_b,
             equality_run=equality_run,
         )
+
+
+def _compare_seeded(
+    ma: Measurement,
+    mb: Measurement,
+    src_a: _Source,
+    src_b: _Source,
+    seeds: dict[str, int],
+    feeds,
+    feeds_path,
+    tmp,
+    *,
+    device: str,
+    seed: int,
+    atol: float,
+    rtol: float,
+    progress: ProgressCallback | None,
+) -> Comparison:
+    """The verdict for a ``dropout="seed"`` rewrite B (see the module docstring)."""
+    reference = _source(seeded_reference(src_a.model, seeds), src_a.checkpoint, tmp, "a_seeded")
+    reference.checkpoint = src_a.checkpoint
+    out_ref = _reference_outputs(
+        _Prepared(reference, feeds, feeds_path),
+        device=device,
+        seed=seed,
+        workdir=tmp / "a_seeded",
+        progress=progress,
+        tag="A",
+    )
+    out_b = _reference_outputs(
+        _Prepared(src_b, feeds, feeds_path), device=device, seed=seed, workdir=tmp / "b1", progress=progress, tag="B"
+    )
+    equal, diffs, mismatched, only_a, only_b = compare_outputs(out_ref, out_b, atol, rtol)
+
+    check_model, pairs = with_mask_outputs(src_b.model)
+    check = _source(check_model, src_b.checkpoint, tmp, "b_masks")
+    check.checkpoint = src_b.checkpoint
+    steps = _step_outputs(
+        _Prepared(check, feeds, feeds_path),
+        device=device,
+        seed=seed,
+        workdir=tmp / "b_masks",
+        progress=progress,
+        tag="B",
+        steps=MASK_CHECK_STEPS,
+    )
+    masks = MaskCheck(steps=MASK_CHECK_STEPS, pairs=len(pairs))
+    for k, outputs in enumerate(steps, start=1):
+        for pair in pairs:
+            x, y = outputs.get(pair.forward), outputs.get(pair.recomputed)
+            if x is None or y is None or not outputs_equal(x, y):
+                masks.mismatched.append({"step": k, "dropout": pair.dropout, "what": pair.what, "by": pair.by})
+    return Comparison(
+        a=ma,
+        b=mb,
+        ratios=ratios(ma, mb),
+        equal=equal and masks.equal,
+        atol=atol,
+        rtol=rtol,
+        max_abs_diff=diffs,
+        mismatched=mismatched,
+        only_in_a=only_a,
+        only_in_b=only_b,
+        equality_run="single_thread",
+        by_design=BY_DESIGN,
+        reference="A with B's dropout seeds",
+        mask_check=masks,
+    )

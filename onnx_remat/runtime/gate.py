@@ -106,8 +106,8 @@ from typing import Any
 import numpy as np
 
 from onnx_remat import __version__
-from onnx_remat.errors import RematError, UsageError
-from onnx_remat.model_io import write_file
+from onnx_remat.errors import UsageError, one_line
+from onnx_remat.model_io import check_output, make_parents, write_file
 
 BASELINE_SCHEMA = "onnx-remat-baseline/1"
 VERDICT_SCHEMA = "onnx-remat-check/1"
@@ -217,32 +217,95 @@ def _selection(scopes, op_types, nodes, recompute_outputs) -> dict:
     }
 
 
-def read_baseline(path: str | os.PathLike) -> dict:
-    """Load and sanity-check a baseline file. UsageError (exit 2) when missing or unreadable."""
+_COUNT_FIGURES = ("segments", "clones", "barriers", "clones_kept", "barriers_kept", "clones_ran")
+_BOOL_FIGURES = ("clones_late", "gradients_equal")
+_SELECTION_LISTS = ("scopes", "op_types", "nodes")
+
+
+def _figure_problem(key: str, value) -> str | None:
+    """Why ``value`` cannot be the baseline's figure ``key`` (None when it can)."""
+    if value is None:
+        return None
+    if key in _BOOL_FIGURES:
+        return None if isinstance(value, bool) else f"{value!r}, not true/false"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{value!r}, not a number"
+    if not math.isfinite(value):
+        return f"{value!r}, not a finite number"
+    if value < 0:
+        return f"{value!r}, a negative number"
+    if (key in _COUNT_FIGURES or key.endswith("_bytes")) and value != int(value):
+        return f"{value!r}, not a whole number"
+    return None
+
+
+def validate_baseline(data, path: str | os.PathLike) -> dict:
+    """Check the shape of a parsed baseline file; returns it. Raises :class:`UsageError` naming the
+    first field that is wrong (a string ``selection``, a figure that is text or NaN, ...) before
+    anything is measured."""
     p = Path(path)
-    if not p.exists():
-        raise UsageError(f"{p}: no such baseline; record one with --update-baseline")
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{p}: not a readable baseline ({exc}); record it again with --update-baseline") from None
+    again = "record it again with --update-baseline"
     if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA or not isinstance(data.get("figures"), dict):
-        raise UsageError(
-            f"{p}: not an onnx-remat baseline (schema {BASELINE_SCHEMA!r} expected); "
-            "record it again with --update-baseline"
-        )
+        raise UsageError(f"{p}: not an onnx-remat baseline (schema {BASELINE_SCHEMA!r} expected); {again}")
+    sel = data.get("selection", {})
+    if not isinstance(sel, dict):
+        raise UsageError(f"{p}: 'selection' is {type(sel).__name__} {sel!r}, not an object; {again}")
+    for key in _SELECTION_LISTS:
+        value = sel.get(key, [])
+        if value is None:
+            continue
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise UsageError(f"{p}: selection.{key} is {value!r}, not a list of strings; {again}")
+    if not isinstance(sel.get("recompute_outputs", False), bool):
+        value = sel.get("recompute_outputs")
+        raise UsageError(f"{p}: selection.recompute_outputs is {value!r}, not true/false; {again}")
+    device = data.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise UsageError(f"{p}: device is {device!r}, not cpu or cuda; {again}")
+    for key, value in data["figures"].items():
+        why = _figure_problem(str(key), value)
+        if why is not None:
+            raise UsageError(f"{p}: figures.{key} is {why}; {again}")
     return data
 
 
-def write_baseline(path: str | os.PathLike, data: dict) -> Path:
-    """Write a baseline atomically (a temporary file in the same folder, then a rename)."""
+def read_baseline(path: str | os.PathLike) -> dict:
+    """Load and check a baseline file (:func:`validate_baseline`). UsageError (exit 2) when missing,
+    unreadable or malformed."""
     p = Path(path)
-    text = json.dumps(data, indent=2) + "\n"
+    if not p.exists():
+        raise UsageError(f"{p}: no such baseline; record one with --update-baseline")
+    if not p.is_file():
+        raise UsageError(f"{p}: not a regular file; give the baseline JSON file")
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise RematError(f"{p}: cannot write the baseline ({exc.strerror})") from None
-    write_file(p, text)
+        data = json.loads(p.read_bytes().decode("utf-8"), parse_constant=_no_constants)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else one_line(exc)
+        raise UsageError(f"{p}: not a readable baseline ({why}); record it again with --update-baseline") from None
+    return validate_baseline(data, p)
+
+
+def _finite(obj):
+    """NaN and infinities as null: a baseline must stay valid JSON and readable by :func:`read_baseline`."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _no_constants(name: str):
+    raise ValueError(f"{name} is not a number in JSON")
+
+
+def write_baseline(path: str | os.PathLike, data: dict) -> Path:
+    """Write a baseline atomically, replacing the old one (a temporary file in the same folder,
+    then a rename); never over another input of the command (:func:`onnx_remat.model_io.check_output`)."""
+    p = Path(path)
+    text = json.dumps(_finite(data), indent=2, allow_nan=False) + "\n"
+    write_file(p, text, force=True)
     return p
 
 
@@ -573,6 +636,9 @@ def check(
 
         check_cuda_ready()
     baseline_path = Path(baseline)
+    if update:  # before anything slow: a baseline that cannot be written, or is an input, fails now
+        check_output(baseline_path, force=True, option="--baseline", parents=True)
+        make_parents(baseline_path)
     recorded = _recorded_baseline(baseline_path, update)
     selection, recorded = _selection_to_check(
         _selection(scopes, op_types, nodes, recompute_outputs), recorded, baseline_path, device, update

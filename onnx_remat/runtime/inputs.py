@@ -381,18 +381,44 @@ def synthesize_parameter(gi: GraphInput, shape: tuple[int, ...], seed: int) -> n
     return _rng(seed, "param:" + gi.name).uniform(-bound, bound, size=shape).astype(dt)
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+_NPY_MAGIC = b"\x93NUMPY"
+
+
 def read_inputs_file(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Arrays of an ``.npz`` file (``numpy.savez``), as a dict; one-line error if unreadable."""
+    """Arrays of an ``.npz`` file (``numpy.savez``), as a dict; one-line error if unreadable.
+
+    The first bytes are looked at before numpy is: an ``.npy`` (one array, no names) and
+    anything that is not a zip archive get a message that says what the file is, not numpy's
+    advice to unpickle it.
+    """
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise RematError(f"{p}: no such file (--inputs takes an .npz written by numpy.savez)")
+    if not p.is_file():
+        raise RematError(f"{p}: not a regular file (--inputs takes an .npz written by numpy.savez)")
     try:
-        with np.load(p, allow_pickle=False) as data:
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise ValueError("not an .npz archive")
+        with open(p, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise RematError(f"{p}: cannot read ({exc.strerror})") from None
+    if head.startswith(_NPY_MAGIC):
+        raise RematError(
+            f"{p}: an .npy file (one array without a name); --inputs takes an .npz with one array per graph "
+            "input: numpy.savez(path, name=array, ...)"
+        )
+    if not head.startswith(_ZIP_MAGIC):
+        raise RematError(f"{p}: not an .npz file (no zip archive); write one with numpy.savez(path, name=array, ...)")
+    try:
+        data = np.load(p, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("not an .npz archive")
+        with data:
             return {k: data[k] for k in data.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "pickle" in why:
+            why = "an array of Python objects, which is not read"
         raise RematError(f"{p}: not an .npz file written by numpy.savez ({why})") from None
 
 
@@ -431,6 +457,32 @@ def _show_dims(dims: tuple[Dim, ...]) -> str:
     return "(" + ", ".join(str(d) if d is not None else "?" for d in dims) + ")"
 
 
+def _check_memory(inputs: list[GraphInput], dims: Mapping[str, int], given: Mapping[str, np.ndarray]) -> None:
+    """Refuse feeds that cannot fit in this machine's memory (huge --dim values) before making them."""
+    total = 0
+    for gi in inputs:
+        if gi.name in given or gi.dims is None or gi.dtype is None:
+            continue
+        n = 1
+        for d in gi.dims:
+            v = d if isinstance(d, int) else dims.get(d) if isinstance(d, str) else None
+            if v is None:
+                break
+            n *= int(v)
+        else:
+            total += n * gi.dtype.itemsize
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if total > memory:
+        gib = 2**30
+        raise RematError(
+            f"the inputs alone would take {total / gib:.1f} GiB, more than this machine's {memory / gib:.1f} GiB "
+            "of memory; give smaller --dim values"
+        )
+
+
 def prepare_feeds(
     model: onnx.ModelProto,
     *,
@@ -448,6 +500,9 @@ def prepare_feeds(
     ``synthesize_parameters`` is true, else listed in ``from_checkpoint``. ``int_ranges``
     overrides the inferred ``[low, high)`` of integer inputs.
     """
+    from onnx_remat.model_io import check_dim_names
+
+    check_dim_names(model, dims)
     roles = classify_inputs(model)
     bound: dict[str, int] = {k: int(v) for k, v in (dims or {}).items()}
     where = "--inputs"
@@ -489,9 +544,16 @@ def prepare_feeds(
             low, high = int(rng[0]), int(rng[1])
             if low >= high:
                 raise RematError(f"--int-range {name}={low}:{high}: low must be below high (high is excluded)")
+            gi = next(g for g in roles.data if g.name == name)
+            info_ = np.iinfo(gi.dtype) if gi.dtype is not None else None
+            if info_ is not None and (low < info_.min or high - 1 > info_.max):
+                raise RematError(
+                    f"--int-range {name}={low}:{high}: {name} is {gi.type_name}, which holds {info_.min}..{info_.max}"
+                )
     to_make = [gi for gi in roles.data if gi.name not in given]
     check_dims_bound(to_make + [p for p in roles.parameters if p.name not in given and synthesize_parameters], bound)
 
+    _check_memory(to_make + (roles.parameters if synthesize_parameters else []), bound, given)
     if to_make:
         ranges = infer_int_ranges(model, [gi for gi in to_make if not (int_ranges and gi.name in int_ranges)], bound)
     arrays: dict[str, np.ndarray] = {}

@@ -171,6 +171,8 @@ def read_execution_order(path: str | os.PathLike) -> list[str]:
     """Node names in execution order from ``path``: a JSON list of names, or an onnxruntime profile
     (``enable_profiling``), whose ``*_kernel_time`` events are taken in time order. Raises a
     one-line :class:`RematError` for anything else."""
+    if not Path(path).is_file():
+        raise RematError(f"{path}: " + ("not a regular file" if Path(path).exists() else "no such file"))
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
@@ -185,6 +187,18 @@ def read_execution_order(path: str | os.PathLike) -> list[str]:
     if order:
         return order
     raise RematError(f"{path}: neither a JSON list of node names nor an onnxruntime profile")
+
+
+def check_order_matched(est, path: str | os.PathLike, given: int) -> None:
+    """Raise a one-line :class:`RematError` when none of the ``given`` node names read from
+    ``path`` (:func:`read_execution_order`) named a node of the estimated graph ``est`` (a
+    :class:`~onnx_remat.estimate.MemoryEstimate`): a profile of another model would otherwise be
+    ignored silently and the emulated order used."""
+    if given and not getattr(est, "matched_order_nodes", None):
+        raise RematError(
+            f"{path}: none of its {given} node names is a node of this model (a profile of another model?); "
+            "give the profile onnxruntime wrote for this one"
+        )
 
 
 def _producers(graph: onnx.GraphProto) -> dict[str, str]:

@@ -88,7 +88,8 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import EnvironmentProblem, RematError, UsageError
-from onnx_remat.model_io import load_model, save_model
+from onnx_remat.model_io import check_dim_names, forward_only_hint, load_model, save_model
+from onnx_remat.remat.seed_check import seeded_dropouts
 from onnx_remat.runtime.inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
 from onnx_remat.runtime.kept import RewriteCheck, check_rewrite
 from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
@@ -194,22 +195,72 @@ class _Source:
     path: Path
     model: onnx.ModelProto
     checkpoint: Path | None
+    forward_only: bool = False
+
+
+FORWARD_ONLY_NOTE = (
+    "a forward-only graph (no gradient nodes): one forward step, no gradients; 'loss' is its first output"
+)
 
 
 def _source(model, checkpoint, tmp: Path, name: str) -> _Source:
     if isinstance(model, onnx.ModelProto):
-        path = save_model(model, tmp / f"{name}.onnx")
-        ckpt = Path(checkpoint) if checkpoint else None
         label = f"<{name}: in-memory model>"
-        return _Source(label, path, model, ckpt)
+        ckpt = Path(checkpoint) if checkpoint else None
+        forward_only = _forward_only(model, label, None, ckpt)
+        path = save_model(model, tmp / f"{name}.onnx")
+        return _Source(label, path, model, ckpt, forward_only)
     loaded = load_model(model, check=False)
     ckpt = Path(checkpoint) if checkpoint else loaded.checkpoint_path
-    return _Source(str(loaded.path), loaded.path, loaded.model, ckpt)
+    forward_only = _forward_only(loaded.model, str(loaded.path), loaded.path, ckpt)
+    return _Source(str(loaded.path), loaded.path, loaded.model, ckpt, forward_only)
+
+
+def _forward_only(model: onnx.ModelProto, label: str, path: Path | None, checkpoint: Path | None) -> bool:
+    """Whether ``model`` has no gradient nodes. Such a graph is run as one forward step (and says
+    so), except with a checkpoint: then it is an artifacts ``eval_model.onnx`` whose parameters
+    the worker would not read from the checkpoint but synthesize, and it is refused, naming the
+    training graph beside it."""
+    from onnx_remat.analysis.regions import analyze
+    from onnx_remat.errors import ForwardOnlyGraph
+    from onnx_remat.graph.bridge import ModelGraph
+
+    try:
+        analyze(ModelGraph(model))
+    except ForwardOnlyGraph:
+        if checkpoint is None:
+            return True
+        raise ForwardOnlyGraph(
+            f"{label}: a forward-only graph (no gradient nodes) with a checkpoint, so an artifacts eval model "
+            f"(measured, its parameters would be synthesized, not read): {forward_only_hint(path)}"
+        ) from None
+    except RematError:
+        pass  # other oddities of the forward/backward split do not matter for running it
+    return False
+
+
+_CHECKPOINT_ID = b"ODTC"  # flatbuffers file identifier of onnxruntime-training checkpoints
 
 
 def _check_checkpoint(path: Path | None) -> None:
-    if path is not None and not path.exists():
+    """A checkpoint must be an onnxruntime-training checkpoint file: checked here, in one line,
+    before a worker starts (onnxruntime's own message names its C++ source file)."""
+    if path is None:
+        return
+    if not path.exists():
         raise RematError(f"{path}: no such checkpoint")
+    if not path.is_file():
+        raise RematError(f"{path}: not a regular file; --checkpoint takes an onnxruntime-training checkpoint file")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as exc:
+        raise RematError(f"{path}: cannot read ({exc.strerror})") from None
+    if head[4:8] != _CHECKPOINT_ID:
+        raise RematError(
+            f"{path}: not an onnxruntime-training checkpoint (as written by generate_artifacts or "
+            "CheckpointState.save_checkpoint)"
+        )
 
 
 def _validate(device: str, steps: int, warmup: int) -> None:
@@ -378,7 +429,12 @@ def _measure_prepared(
     elif device != "cpu":
         notes.append("live peak is measured on CPU only; on CUDA the arena peak is the device footprint")
     unstable = arena.get("unstable_outputs", [])
-    if unstable:
+    if unstable and seeded_dropouts(src.model):
+        notes.append(
+            f"{len(unstable)} outputs change from step to step by design: seeded Dropouts (dropout=seed) draw new "
+            "masks each step"
+        )
+    elif unstable:
         notes.append(
             f"{len(unstable)} outputs differ between two steps with the same inputs and seed "
             f"(nondeterministic kernels): {', '.join(unstable[:5])}{' ...' if len(unstable) > 5 else ''}"
@@ -424,12 +480,26 @@ def _reference_outputs(
     prep: _Prepared, *, device: str, seed: int, workdir: Path, progress: ProgressCallback | None, tag: str = ""
 ) -> dict[str, np.ndarray]:
     """Outputs of one single-threaded step (deterministic on CPU), from a worker of its own."""
+    return _step_outputs(prep, device=device, seed=seed, workdir=workdir, progress=progress, tag=tag, steps=1)[0]
+
+
+def _step_outputs(
+    prep: _Prepared,
+    *,
+    device: str,
+    seed: int,
+    workdir: Path,
+    progress: ProgressCallback | None,
+    tag: str = "",
+    steps: int = 1,
+) -> list[dict[str, np.ndarray]]:
+    """Outputs of each of ``steps`` single-threaded steps in one fresh worker (step 1 first)."""
     run_worker(
-        {**_worker_base(prep, device, seed), "kind": "outputs", "threads": 1, "workdir": str(workdir)},
+        {**_worker_base(prep, device, seed), "kind": "outputs", "threads": 1, "steps": steps, "workdir": str(workdir)},
         env=worker_env(device),
         progress=_relay(progress, prep.source.label, tag, "outputs"),
     )
-    return load_arrays(workdir / "outputs.npz")
+    return [load_arrays(workdir / ("outputs.npz" if k == 1 else f"outputs-{k}.npz")) for k in range(1, steps + 1)]
 
 
 def _worker_base(prep: _Prepared, device: str, seed: int) -> dict:
@@ -496,6 +566,7 @@ def measure(
     _validate(device, steps, warmup)
     with _Workdir("onnx-remat-measure-") as tmp:
         src = _source(model, checkpoint, tmp, "model")
+        check_dim_names(src.model, dims, src.label)
         _check_checkpoint(src.checkpoint)
         feeds = prepare_feeds(
             src.model,
@@ -518,4 +589,6 @@ def measure(
         )
         if src.checkpoint is None and feeds.inputs.parameters:
             m.notes.append("no checkpoint: parameters synthesized")
+        if src.forward_only:
+            m.notes.append(FORWARD_ONLY_NOTE)
         return m

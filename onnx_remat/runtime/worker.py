@@ -16,7 +16,7 @@ The spec (JSON object):
 ``checkpoint`` (path or null), ``from_checkpoint`` (parameter names to read from it),
 ``buffers`` (``{gradient buffer: parameter}``), ``flags`` (names fed ``[True]``), ``warmup``,
 ``steps``, ``seed``, ``workdir`` (log, profile, optimized graph, ``outputs.npz`` go there),
-``save_outputs`` (bool).
+``save_outputs`` (bool); for ``outputs`` also ``threads`` and ``steps``.
 
 Output: JSON lines on stdout. ``{"progress": {"phase", "index", "total", "seconds"}}`` while
 running, then one ``{"result": {...}}`` or ``{"error": {"exit_code", "message"}}``. Anything
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -46,6 +47,20 @@ from onnx_remat.runtime.session import (
     session_options,
 )
 
+_SOURCE_PREFIX = re.compile(r"^\S*onnxruntime_src/\S+:\d+\s.*?(?=\[ONNXRuntimeError\])")
+_STATUS_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_CODE_LOCATION = re.compile(r"^\w+\.(?:cc|cpp|h):\d+ \S+ ")
+
+
+def runtime_message(exc: BaseException) -> str:
+    """onnxruntime's message on one line, without the C++ source file, line and function it names
+    (``/onnxruntime_src/...cc:945 ... [ONNXRuntimeError] : 1 : FAIL : checkpoint.cc:867 F ...``)."""
+    text = one_line(exc)
+    text = _SOURCE_PREFIX.sub("", text)
+    text = _STATUS_PREFIX.sub("", text)
+    text = _CODE_LOCATION.sub("", text)
+    return text.strip() or type(exc).__name__
+
 
 def load_checkpoint_parameters(ort, path: str, names: list[str]) -> dict[str, np.ndarray]:
     """Parameters ``names`` read from an onnxruntime-training checkpoint, as numpy copies.
@@ -57,7 +72,7 @@ def load_checkpoint_parameters(ort, path: str, names: list[str]) -> dict[str, np
     try:
         state = C.load_checkpoint(str(path))
     except Exception as exc:
-        raise RematError(f"{path}: cannot read the checkpoint: {one_line(exc)}") from None
+        raise RematError(f"{path}: cannot read the checkpoint: {runtime_message(exc)}") from None
     missing = [n for n in names if not state.has_parameter(n)]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
@@ -194,7 +209,7 @@ def run_arena(spec: dict, emit) -> dict:
         except EnvironmentProblem:
             raise
         except Exception as exc:
-            raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
+            raise RematError(f"{spec['model']}: onnxruntime cannot load it: {runtime_message(exc)}") from None
         check_feeds(sess, feeds, spec["model"])
         if on_device is not None:
             on_device = {k: v for k, v in on_device.items() if k in feeds}
@@ -212,7 +227,8 @@ def run_arena(spec: dict, emit) -> dict:
             try:
                 runner.run()
             except Exception as exc:
-                raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {one_line(exc)}") from None
+                why = runtime_message(exc)
+                raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {why}") from None
             dt = time.perf_counter() - t0
             if i == 0:
                 first_end = capture.mark()
@@ -263,7 +279,7 @@ def run_live(spec: dict, emit) -> dict:
     try:
         sess = create_session(ort, spec["model"], options, "cpu")
     except Exception as exc:
-        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
+        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {runtime_message(exc)}") from None
     check_feeds(sess, feeds, spec["model"])
     peaks: list[int | None] = []
     total = spec["warmup"] + spec["steps"]
@@ -278,7 +294,7 @@ def run_live(spec: dict, emit) -> dict:
                     outs = sess.run(None, feeds)
                 peaks.append(peak.bytes)
         except Exception as exc:
-            raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {one_line(exc)}") from None
+            raise RematError(f"{spec['model']}: onnxruntime failed in step {i + 1}: {runtime_message(exc)}") from None
         del outs
         emit("warmup" if i < spec["warmup"] else "step", i + 1, total, time.perf_counter() - t0)
     known = [p for p in peaks if p is not None]
@@ -290,10 +306,12 @@ def run_live(spec: dict, emit) -> dict:
 
 
 def run_outputs(spec: dict, emit) -> dict:
-    """The ``outputs`` configuration: one step with ``threads`` intra-op threads, outputs saved.
+    """The ``outputs`` configuration: ``steps`` steps (default 1) with ``threads`` intra-op threads,
+    the outputs of step k saved to ``outputs.npz`` (k = 1) and ``outputs-<k>.npz``.
 
     With one thread onnxruntime's CPU kernels are deterministic, so this is the reference when a
-    graph's multithreaded outputs vary run to run.
+    graph's multithreaded outputs vary run to run. Several steps show what changes from step to
+    step (seeded Dropouts draw new masks each step).
     """
     ort = import_onnxruntime()
     feeds = build_feeds(ort, spec)
@@ -306,20 +324,24 @@ def run_outputs(spec: dict, emit) -> dict:
     except EnvironmentProblem:
         raise
     except Exception as exc:
-        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
+        raise RematError(f"{spec['model']}: onnxruntime cannot load it: {runtime_message(exc)}") from None
     check_feeds(sess, feeds, spec["model"])
     on_device = to_device(ort, feeds, spec["device"])
     runner = _Runner(sess, feeds, spec.get("buffers", {}), on_device)
-    ort.set_seed(int(spec["seed"]))
-    t0 = time.perf_counter()
-    try:
-        runner.run()
-        outputs = runner.collect()
-    except Exception as exc:
-        raise RematError(f"{spec['model']}: onnxruntime failed in step 1: {one_line(exc)}") from None
-    emit("step", 1, 1, time.perf_counter() - t0)
-    save_arrays(Path(spec["workdir"]) / "outputs.npz", outputs)
-    return {"output_names": list(outputs), "onnxruntime": ort.__version__}
+    steps = int(spec.get("steps") or 1)
+    names: list[str] = []
+    for k in range(1, steps + 1):
+        ort.set_seed(int(spec["seed"]))
+        t0 = time.perf_counter()
+        try:
+            runner.run()
+            outputs = runner.collect()
+        except Exception as exc:
+            raise RematError(f"{spec['model']}: onnxruntime failed in step {k}: {runtime_message(exc)}") from None
+        emit("step", k, steps, time.perf_counter() - t0)
+        save_arrays(Path(spec["workdir"]) / ("outputs.npz" if k == 1 else f"outputs-{k}.npz"), outputs)
+        names = list(outputs)
+    return {"output_names": names, "onnxruntime": ort.__version__}
 
 
 def main(argv: list[str] | None = None) -> int:

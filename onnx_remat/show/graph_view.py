@@ -194,13 +194,21 @@ def _expanded(analysis: ModelAnalysis, applied: ApplyResult | None, focus: list[
 
 
 def _served_node(proto, consumer_name: dict[str, str]) -> str:
-    """For a fence or a random-order pin the rewrite added: the forward node it feeds."""
+    """For a fence, a random-order pin or a mask-packing node the rewrite added: the forward node
+    it feeds (for packing, the Dropout whose mask it packs)."""
     name = proto.name
+    if tags.is_pack_name(name):
+        return _source_of(proto)
     if tags.is_fence_name(name) and proto.output:
         name = consumer_name.get(proto.output[0], "")
     if tags.is_pin_name(name):
         return name[len(tags.PIN_PREFIX) :]
     return name
+
+
+def _source_of(proto) -> str:
+    """The ``onnx_remat.source`` metadata of a node the rewrite added (the node it serves)."""
+    return next((p.value for p in proto.metadata_props if p.key == tags.SOURCE_KEY), "")
 
 
 @dataclass
@@ -253,8 +261,8 @@ def _build(
 def _kind(name: str, backward_names: set[str]) -> str:
     if tags.is_barrier_name(name):
         return "barrier"
-    if tags.is_clone_name(name):
-        return "clone"
+    if tags.is_clone_name(name) or tags.is_unpack_name(name):
+        return "clone"  # unpacking a dropout mask is part of the segment's recompute
     return "backward" if name in backward_names else "forward"
 
 
@@ -281,7 +289,8 @@ def _units(analysis: ModelAnalysis, protos: list, expanded: list[Scope]) -> _Dra
         if k == "forward":
             unit = fwd_unit_by_name.get(name) or fwd_unit_by_name.get(_served_node(p, consumer_name))
         elif k == "clone":
-            unit = fwd_unit_by_name.get(tags.original_name(name))
+            origin = _source_of(p) if tags.is_unpack_name(name) else tags.original_name(name)
+            unit = fwd_unit_by_name.get(origin)
         elif k == "barrier":
             label = tags.segment_of_name(name) or ""
             unit = label if label in unit_scope or label in expanded_paths else None
@@ -589,9 +598,10 @@ def html_page(view: GraphView, svg: str | None, dot_text: str) -> str:
     )
 
 
-def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
+def write_graph(view: GraphView, path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write ``view`` as ``.dot`` (always possible), ``.svg`` / ``.png`` (Graphviz) or ``.html``
-    (the SVG in a self-contained page; without Graphviz, the DOT text with a note). Returns the path."""
+    (the SVG in a self-contained page; without Graphviz, the DOT text with a note). Returns the path.
+    Written atomically; an existing file is replaced only with ``force``."""
     out = Path(path)
     suffix = out.suffix.lower()
     if suffix not in FORMATS:
@@ -609,5 +619,5 @@ def write_graph(view: GraphView, path: str | os.PathLike) -> Path:
             svg = render(dot_text, "svg").decode()
             svg = svg[svg.index("<svg") :] if "<svg" in svg else svg
         data = html_page(view, svg, dot_text).encode()
-    write_file(out, data)
+    write_file(out, data, force=force)
     return out

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from onnx_remat import __version__
 from onnx_remat.analysis.model import ModelAnalysis, analyze_model
-from onnx_remat.errors import RematError
+from onnx_remat.errors import RematError, UsageError
 from onnx_remat.estimate import EstimateResult, MemoryEstimate, estimate
-from onnx_remat.model_io import write_file
+from onnx_remat.model_io import check_output, write_file
 from onnx_remat.units import format_bytes, format_ratio
 
 _CSS = """
@@ -170,8 +170,10 @@ def report_html(
     title: str | None = None,
     scope_depth: int = 1,
     top: int = 10,
+    timestamp: _dt.datetime | None = None,
 ) -> str:
-    """The report page for an estimate and the pictures already rendered."""
+    """The report page for an estimate and the pictures already rendered. The same input gives
+    the same bytes: the page carries a date only when ``timestamp`` is given (:func:`report_date`)."""
     title = title or f"onnx-remat: {est.model}"
     if graph_svg is not None:
         graph = f"<div class=graph>{graph_svg}</div>"
@@ -185,7 +187,9 @@ def report_html(
         graph = "<p class=muted>No graph.</p>"
     notes = "".join(f"<li>{_e(n)}</li>" for n in list(est.notes) + list(graph_notes))
     lives = _live_table("before", est.before, top) + (_live_table("after", est.after, top) if est.after else "")
-    stamp = _dt.datetime.now().strftime("%Y-%m-%d %H:%M")
+    written = f"Written by onnx-remat {_e(__version__)}" + (
+        f" on {_e(timestamp.strftime('%Y-%m-%d %H:%M UTC'))}" if timestamp is not None else ""
+    )
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         f"<meta name=viewport content='width=device-width, initial-scale=1'><title>{_e(title)}</title>"
@@ -209,9 +213,26 @@ def report_html(
         + "<h2>The rewritten region</h2>"
         + graph
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
-        + f"<p class=muted>Written by onnx-remat {_e(__version__)} on {_e(stamp)}.</p>"
+        + f"<p class=muted>{written}.</p>"
         "</body></html>\n"
     )
+
+
+def report_date(timestamp: bool = False) -> _dt.datetime | None:
+    """The date a report carries: ``SOURCE_DATE_EPOCH`` (seconds since 1970, the reproducible-builds
+    convention) when set, else now when ``timestamp`` is asked for, else none (reproducible bytes).
+    Raises :class:`UsageError` for a ``SOURCE_DATE_EPOCH`` that is not a whole number."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    if epoch is not None and epoch.strip():
+        if not epoch.strip().isascii() or not epoch.strip().isdigit():
+            raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r}: not a whole number of seconds since 1970")
+        try:
+            return _dt.datetime.fromtimestamp(int(epoch), _dt.timezone.utc)
+        except (OverflowError, OSError, ValueError):
+            raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r}: out of range") from None
+    if timestamp:
+        return _dt.datetime.now(_dt.timezone.utc)
+    return None
 
 
 def write_report(
@@ -228,8 +249,13 @@ def write_report(
     title: str | None = None,
     execution_order: Sequence[str] | None = None,
     after_execution_order: Sequence[str] | None = None,
+    force: bool = False,
+    timestamp: bool = False,
 ) -> Path:
     """Write the HTML report of a rewrite to ``path`` (``.html``); returns the path.
+
+    Written atomically; an existing file is replaced only with ``force``. The page has the same
+    bytes for the same input unless ``timestamp`` (or ``SOURCE_DATE_EPOCH``) adds a date.
 
     ``source``: an :class:`~onnx_remat.ApplyResult` (what ``apply`` returned), or a model (path,
     artifacts directory, ModelProto) plus the selection keywords, which are applied in memory.
@@ -239,6 +265,8 @@ def write_report(
     out = Path(path)
     if out.suffix.lower() not in (".html", ".htm"):
         raise RematError(f"{out}: the report is an HTML page; give a .html path")
+    check_output(out, force=force)
+    date = report_date(timestamp)
     from onnx_remat.remat.apply import ApplyResult, apply
     from onnx_remat.show.graph_view import graph_view, graphviz_available, render, to_dot
 
@@ -270,7 +298,13 @@ def write_report(
         view.notes
     )
     page = report_html(
-        est, timeline_svg=timeline_svg, graph_svg=graph_svg, graph_dot=dot_text, graph_notes=graph_notes, title=title
+        est,
+        timeline_svg=timeline_svg,
+        graph_svg=graph_svg,
+        graph_dot=dot_text,
+        graph_notes=graph_notes,
+        title=title,
+        timestamp=date,
     )
-    write_file(out, page)
+    write_file(out, page, force=force)
     return out

@@ -26,6 +26,7 @@ from typing import Any
 
 from onnx_remat.errors import EnvironmentProblem, RematError
 from onnx_remat.estimate import BACKWARD, FORWARD, RECOMPUTE, EstimateResult, MemoryEstimate, estimate
+from onnx_remat.model_io import check_output, write_file
 
 FORMATS = (".png", ".svg")
 MiB = 1024 * 1024
@@ -128,25 +129,38 @@ def _short(name: str, n: int = 48) -> str:
     return name if len(name) <= n else "…" + name[-(n - 1) :]
 
 
-def plot_timeline(source, path: str | os.PathLike, *, title: str | None = None) -> Path:
+# matplotlib's SVG carries the date and random ids (clip paths, glyphs): fixed here (no date, a
+# fixed hash salt for the ids), so the same estimate gives the same bytes. PNG carries neither.
+_NO_DATE = {"Date": None}
+
+
+def render(source, fmt: str, *, title: str | None = None) -> bytes:
+    """The timeline of ``source`` as ``png`` or ``svg`` bytes, the same bytes for the same input."""
+    fig = figure(source, title=title)  # EnvironmentProblem without matplotlib
+    from matplotlib import rc_context
+
+    buf = io.BytesIO()
+    with rc_context({"svg.hashsalt": "onnx-remat"}):
+        fig.savefig(buf, format=fmt, dpi=100, metadata=_NO_DATE if fmt == "svg" else None)
+    return buf.getvalue()
+
+
+def plot_timeline(source, path: str | os.PathLike, *, title: str | None = None, force: bool = False) -> Path:
     """Write the timeline of ``source`` (an :class:`EstimateResult`, a :class:`MemoryEstimate`, or
-    ``[(label, MemoryEstimate), ...]``) to ``path`` (``.png`` or ``.svg``); returns the path."""
+    ``[(label, MemoryEstimate), ...]``) to ``path`` (``.png`` or ``.svg``); returns the path.
+
+    Rendered in memory, then written atomically (:func:`onnx_remat.model_io.write_file`: a full
+    disk leaves no truncated picture); an existing file is replaced only with ``force``."""
     out = Path(path)
     if out.suffix.lower() not in FORMATS:
         raise RematError(f"{out}: cannot write a {out.suffix or 'suffix-less'} plot; give a .png or .svg path")
-    fig = figure(source, title=title)
-    try:
-        fig.savefig(out, format=out.suffix[1:].lower(), dpi=100)
-    except OSError as exc:
-        raise RematError(f"{out}: cannot write ({exc.strerror})") from None
-    return out
+    check_output(out, force=force)
+    return write_file(out, render(source, out.suffix[1:].lower(), title=title), force=force)
 
 
 def svg_text(source, *, title: str | None = None) -> str:
     """The timeline as SVG markup (for embedding in HTML)."""
-    buf = io.StringIO()
-    figure(source, title=title).savefig(buf, format="svg")
-    text = buf.getvalue()
+    text = render(source, "svg", title=title).decode("utf-8")
     return text[text.index("<svg") :] if "<svg" in text else text
 
 

@@ -97,11 +97,21 @@ def figure(sweep, *, title: str | None = None, measured=None, width: float = 7.0
     return fig
 
 
-def plot_sweep(sweep, path: str | os.PathLike, *, title: str | None = None, measured=None) -> Path:
-    """Write the curve of ``sweep`` to ``path`` (``.png`` or ``.svg``); returns the path."""
+def plot_sweep(sweep, path: str | os.PathLike, *, title: str | None = None, measured=None, force: bool = False) -> Path:
+    """Write the curve of ``sweep`` to ``path`` (``.png`` or ``.svg``), the same bytes for the same
+    curve, atomically; an existing file is replaced only with ``force``. Returns the path."""
+    from matplotlib import rc_context
+
+    from onnx_remat.model_io import check_output
+    from onnx_remat.show.timeline import _NO_DATE
+
     out = Path(path)
     if out.suffix.lower() not in FORMATS:
         raise RematError(f"{out}: cannot write a {out.suffix or 'suffix-less'} plot; give a .png or .svg path")
+    check_output(out, force=force)
+    fmt = out.suffix[1:].lower()
     buf = io.BytesIO()
-    figure(sweep, title=title, measured=measured).savefig(buf, format=out.suffix[1:].lower(), dpi=100)
-    return write_file(out, buf.getvalue())
+    fig = figure(sweep, title=title, measured=measured)
+    with rc_context({"svg.hashsalt": "onnx-remat"}):
+        fig.savefig(buf, format=fmt, dpi=100, metadata=_NO_DATE if fmt == "svg" else None)
+    return write_file(out, buf.getvalue(), force=force)

@@ -18,10 +18,13 @@ def test_apply_artifacts_directory(cli, tmp_path):
     proc = cli("apply", artifacts_dir("blocks10"), "--scope", "Block", "-o", out, "--json", tmp_path / "s.json")
     assert proc.returncode == 0, proc.stderr
     assert "blocks.9" in proc.stdout and "100 nodes cloned in 10 segments" in proc.stdout
-    assert "190.0 MiB of stored activations released" in proc.stdout
+    # 190 MiB of activations, and 9 of the 10 dropout masks less their bits (dropout="packed")
+    assert "205.8 MiB of stored activations released" in proc.stdout
+    assert "dropout masks (packed): 10 masks stored in 4.2 MiB: 9 at one bit per element, 1 at one byte" in proc.stdout
     assert _listing(out) == ["checkpoint", "eval_model.onnx", "optimizer_model.onnx", "training_model.onnx"]
     summary = json.loads((tmp_path / "s.json").read_text())
-    assert summary["cloned_nodes"] == 100 and summary["released_bytes"] == 190 * 2**20
+    assert summary["cloned_nodes"] == 100 and summary["released_bytes"] == 190 * 2**20 + 9 * 7 * 2**18
+    assert summary["dropout"] == "packed" and summary["mask_bytes"] == 9 * 2**18 + 2 * 2**20
     assert [s["label"] for s in summary["segments"]] == [f"blocks.{i}" for i in range(10)]
 
 
@@ -60,9 +63,9 @@ def test_module_trains_the_rewritten_artifacts_identically(cli, tmp_path):
 def test_apply_model_file_with_op_types(cli, tmp_path):
     src = tmp_path / "model.onnx"
     src.write_bytes((artifacts_dir("gpt") / "training_model.onnx").read_bytes())
-    proc = cli("apply", src, "--op-type", "Softmax,Gelu")
+    proc = cli("apply", src, "--op-type", "Softmax,Gelu", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "model.remat.onnx").exists()
+    assert (tmp_path / "model.remat.onnx").exists()  # the default output: in the current directory
     assert "wrote" in proc.stdout
 
 
@@ -73,7 +76,7 @@ def test_scopes_command(cli, tmp_path):
     data = json.loads((tmp_path / "s.json").read_text())
     rows = {r["path"]: r for r in data["scopes"]}
     assert rows["blocks.3"]["stashed_bytes"] == 24 * 2**20
-    assert rows["blocks.3"]["releasable_bytes"] == 20 * 2**20
+    assert rows["blocks.3"]["releasable_bytes"] == 20 * 2**20 + 7 * 2**18  # and the mask, packed to bits
     assert rows["blocks.3"]["class"] == "models.blocks10.Block"
 
 
@@ -98,7 +101,7 @@ def test_truncated(cli, tmp_path):
 
 def test_forward_only_graph(cli, tmp_path):
     proc = cli("apply", artifacts_dir("blocks10") / "eval_model.onnx", "--scope", "Block", "-o", tmp_path / "x.onnx")
-    assert_one_line_error(proc, "forward-only graph", "generate_artifacts")
+    assert_one_line_error(proc, "forward-only graph", "give the training graph beside it", "training_model.onnx")
     assert _listing(tmp_path) == []
 
 
@@ -108,14 +111,14 @@ def test_scope_matching_nothing_names_the_closest(cli, tmp_path):
     assert _listing(tmp_path) == []
 
 
-def test_output_equal_to_input_needs_force(cli, tmp_path):
+def test_output_equal_to_input_is_refused_even_with_force(cli, tmp_path):
     src = tmp_path / "model.onnx"
     data = (artifacts_dir("fc5") / "training_model.onnx").read_bytes()
     src.write_bytes(data)
-    assert_one_line_error(cli("apply", src, "--scope", "runfunc*", "-o", src), "this is the input", "--force")
+    for force in ((), ("--force",)):
+        proc = cli("apply", src, "--scope", "runfunc*", "-o", src, *force)
+        assert_one_line_error(proc, "this is the model", code=2)
     assert src.read_bytes() == data and _listing(tmp_path) == ["model.onnx"]
-    proc = cli("apply", src, "--scope", "runfunc*", "-o", src, "--force", "-q")
-    assert proc.returncode == 0 and src.read_bytes() != data
 
 
 def test_missing_model_and_usage_errors(cli, tmp_path):

@@ -23,8 +23,9 @@ from onnx_remat.ortsim.shapes import infer_runtime_shapes
 NAMES = list(MODELS)
 # onnxruntime-training-cpu 1.19.2's planned activation peak (the memory-pattern block, largest arena
 # request of one training step, CPU, DEFAULT order), measured with `onnx-remat measure` /
-# /tmp/proto/run_step.py: the example artifacts, and the same after apply(scopes=[block_scope]).
-# If the rewrite changes, re-measure the "after" figures (test_estimate_against_onnxruntime does).
+# /tmp/proto/run_step.py: the example artifacts, and the same after apply(scopes=[block_scope]) (the
+# rewrite, then the memory schedule, as apply does by default). If the rewrite or the schedule
+# changes, re-measure the "after" figures (test_estimate_against_onnxruntime does).
 MEASURED_BEFORE = {
     "blocks10": 225443840,
     "blocks10_dynamo": 225443840,
@@ -33,11 +34,11 @@ MEASURED_BEFORE = {
     "resnet": 39331840,
 }
 MEASURED_AFTER = {
-    "blocks10": 74448896,
-    "blocks10_dynamo": 78643200,
-    "fc5": 19415552,
+    "blocks10": 72351744,
+    "blocks10_dynamo": 76546048,
+    "fc5": 19406848,
     "gpt": 30344192,
-    "resnet": 19406848,
+    "resnet": 19405824,
 }
 # What the estimate achieves (relative error): exact to a few hundred bytes everywhere
 # (blocks10_dynamo needs the TransposeOptimizer emulation, resnet's rewrite the rule for outputs
@@ -53,7 +54,9 @@ def estimates():
 
     def get(name):
         if name not in cache:
-            cache[name] = estimate(artifacts_dir(name), scopes=[MODELS[name].block_scope])
+            # dropout masks as bytes: the rewrite MEASURED_AFTER was measured on (tests/runtime/
+            # test_dropout_runtime.py measures the packed one)
+            cache[name] = estimate(artifacts_dir(name), scopes=[MODELS[name].block_scope], dropout="byte")
         return cache[name]
 
     return get
@@ -273,7 +276,8 @@ def test_estimate_scales_to_20k_nodes(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_estimate_against_onnxruntime(name):
-    """Measure with onnxruntime (fresh processes) and compare, before and after the rewrite."""
+    """Measure with onnxruntime (fresh processes) and compare: the graph as given, after the
+    (scheduled) per-block rewrite, and scheduled alone; within 5% (exact where recorded)."""
     pytest.importorskip("onnxruntime")
     import onnx_remat
     from onnx_remat.runtime.measure import measure
@@ -281,11 +285,15 @@ def test_estimate_against_onnxruntime(name):
     art = artifacts_dir(name)
     est = estimate(art, scopes=[MODELS[name].block_scope])
     applied = onnx_remat.apply(art, scopes=[MODELS[name].block_scope])
+    scheduled = onnx_remat.schedule(art)
     before = measure(art, steps=1, warmup=1, live=False).planned_peak_bytes
     after = measure(applied.model, checkpoint=art / "checkpoint", steps=1, warmup=1, live=False).planned_peak_bytes
+    alone = measure(scheduled.model, checkpoint=art / "checkpoint", steps=1, warmup=1, live=False).planned_peak_bytes
     print(
         f"{name}: before estimated {est.before.planned_peak_bytes} measured {before}; "
-        f"after estimated {est.after.planned_peak_bytes} measured {after}"
+        f"after estimated {est.after.planned_peak_bytes} measured {after}; "
+        f"scheduled estimated {scheduled.estimate_after.planned_peak_bytes} measured {alone}"
     )
-    assert abs(est.before.planned_peak_bytes / before - 1) <= 0.10
-    assert abs(est.after.planned_peak_bytes / after - 1) <= 0.10
+    assert abs(est.before.planned_peak_bytes / before - 1) <= 0.05
+    assert abs(est.after.planned_peak_bytes / after - 1) <= 0.05
+    assert abs(scheduled.estimate_after.planned_peak_bytes / alone - 1) <= 0.05

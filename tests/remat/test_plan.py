@@ -16,7 +16,7 @@ def blocks10():
 
 
 def test_per_block_plan(blocks10):
-    p = plan(blocks10, scopes="Block")
+    p = plan(blocks10, scopes="Block", dropout="byte")
     assert [s.label for s in p.segments] == [f"blocks.{i}" for i in range(10)]
     seg = p.segments[3]
     # Every Block node is recomputed except its output node (MatMul_1, read by the next block).
@@ -25,7 +25,7 @@ def test_per_block_plan(blocks10):
         for n in ("Div", "Transpose", "Div_1", "MatMul", "Unsqueeze", "Sub", "Mul", "Add", "Softmax", "drop/Dropout")
     )
     assert "/blocks.3/MatMul_1_output_0" in [t.name for t in seg.kept]
-    # The dropout mask stays stored; the dropout output is replayed from it.
+    # The dropout mask stays stored (dropout="byte"); the dropout output is replayed from it.
     assert "/blocks.3/drop/Dropout_output_1" in [t.name for t in seg.kept]
     assert "/blocks.3/drop/Dropout_output_0" in [t.name for t in seg.targets]
     # Clones read the block input and the parameter from storage.
@@ -61,7 +61,7 @@ def test_node_selection_and_its_errors(blocks10):
 
 
 def test_random_ops_are_never_recomputed(blocks10):
-    p = plan(blocks10, op_types="Dropout")
+    p = plan(blocks10, op_types="Dropout", dropout="byte")
     # A Dropout's output is replayed from its stored mask, never redrawn.
     for seg in p.segments:
         assert all(t.name.endswith("Dropout_output_0") for t in seg.targets)

@@ -246,7 +246,7 @@ def test_cli_missing_baseline_is_a_usage_error(cli, model_dir, tmp_path):
     "args, fragment",
     [
         (["--max-peak-increase", "abc"], "not a percentage"),
-        (["--max-peak-increase", "-2%"], "max_peak_increase"),
+        (["--max-peak-increase", "-2%"], "--max-peak-increase -2%: give a finite percentage >= 0"),
         (["--max-time-increase", "25"], "write 25%"),
     ],
 )

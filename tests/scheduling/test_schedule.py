@@ -1,0 +1,197 @@
+"""The memory schedule: its orders, their realization in the node list, and the pass's guarantees."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from conftest import artifacts_dir
+from onnx import TensorProto, helper
+
+import onnx_remat
+from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.estimate import estimate_rewritten
+from onnx_remat.model_io import load_model
+from onnx_remat.ortsim.graph import runtime_graph
+from onnx_remat.ortsim.optimizer import optimize
+from onnx_remat.ortsim.shapes import infer_runtime_shapes
+from onnx_remat.scheduling.orders import POLICIES, leaf_ranked_order, leaves, list_schedule
+from onnx_remat.scheduling.realize import model_leaves, pin_random_order, place_leaves, random_ops
+from onnx_remat.scheduling.schedule import MemorySchedule, _emulate
+
+EXAMPLES = ["blocks10", "fc5", "gpt", "resnet"]
+
+
+def _graph(name):
+    model = load_model(artifacts_dir(name)).model
+    sizes = TensorSizes(model)
+    infer_runtime_shapes(model, sizes)
+    return model, sizes, _emulate("as given", model, sizes)
+
+
+def _is_topological(rg, order):
+    seen: set[int] = set()
+    for i in order:
+        if any(p not in seen for p in rg.producers_of(rg.at(i))):
+            return False
+        seen.add(i)
+    return len(seen) == len(rg.live())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_list_schedules_are_topological_orders(policy):
+    _, _, g = _graph("gpt")
+    order = list_schedule(g.rg, g.order, policy)
+    assert _is_topological(g.rg, order)
+    if policy == "default":
+        assert order == g.order  # the current order, unchanged
+
+
+def test_freeing_runs_weight_gradients_as_soon_as_they_free_memory():
+    """A node that frees as much as it allocates runs as soon as it can: x -> big -> small, and a
+    reader of x that frees nothing waits (it is the last in file order either way)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [256, 256])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="a"),  # 256 KiB
+        helper.make_node("ReduceSum", ["a"], ["s"], name="s", keepdims=1),  # frees a
+        helper.make_node("Neg", ["x"], ["b"], name="b"),  # another 256 KiB
+        helper.make_node("Add", ["b", "s"], ["y"], name="y"),
+    ]
+    graph = helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [256, 256])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    sizes = TensorSizes(model)
+    infer_runtime_shapes(model, sizes)
+    rg = optimize(runtime_graph(model, sizes))
+    base = [rg.producer[t] for t in ("a", "b", "s", "y")]  # b before s: a and b alive together
+    names = {p: [rg.at(i).name for i in list_schedule(rg, base, p)] for p in POLICIES}
+    assert names["default"] == ["a", "b", "s", "y"]
+    assert names["freeing"] == names["greedy"] == ["a", "s", "b", "y"]
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt"])
+def test_leaf_ranks_predict_what_onnxruntime_runs_once_written(name):
+    """leaf_ranked_order is the DEFAULT order of the graph place_leaves writes (emulated again)."""
+    model, sizes, g = _graph(name)
+    ends = set(leaves(g.rg))
+    for policy in POLICIES:
+        target = list_schedule(g.rg, g.order, policy)
+        rank = {i: k for k, i in enumerate(target) if i in ends}
+        predicted = [g.rg.at(i).name for i in leaf_ranked_order(g.rg, g.first_added, rank)]
+        written = place_leaves(model, {n: float(k) for i, k in rank.items() for n in g.rg.at(i).origin})
+        again = _emulate("written", written, sizes)
+        assert predicted == [again.rg.at(i).name for i in again.order], policy
+
+
+def test_place_leaves_moves_only_leaves():
+    model = load_model(artifacts_dir("fc5")).model
+    ends = [model.graph.node[k].name for k in model_leaves(model)]
+    rank = {n: float(k) for k, n in enumerate(ends)}
+    written = place_leaves(model, rank)
+    names = [n.name for n in written.graph.node]
+    assert names[-len(ends) :] == list(reversed(ends))  # the lowest rank last: its cone runs first
+    assert [n for n in names if n not in rank] == [n.name for n in model.graph.node if n.name not in rank]
+    assert len(model.graph.node) == len(written.graph.node) and model.graph.node[-1].name != names[-1]
+
+
+def _two_dropouts():
+    """Two independent Dropouts (as a BART's encoder and decoder embedding dropouts are)."""
+    vi = helper.make_tensor_value_info
+    nodes = [
+        helper.make_node("Dropout", ["x", "p", "train"], ["dx", "mx"], name="drop_x"),
+        helper.make_node("Dropout", ["z", "p", "train"], ["dz", "mz"], name="drop_z"),
+        helper.make_node("Add", ["dx", "dz"], ["y"], name="add"),
+    ]
+    inits = [
+        helper.make_tensor("p", TensorProto.FLOAT, [], [0.5]),
+        helper.make_tensor("train", TensorProto.BOOL, [], [True]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [vi("x", TensorProto.FLOAT, [64, 64]), vi("z", TensorProto.FLOAT, [64, 64])],
+        [
+            vi("y", TensorProto.FLOAT, [64, 64]),
+            vi("mx", TensorProto.BOOL, [64, 64]),
+            vi("mz", TensorProto.BOOL, [64, 64]),
+        ],
+        initializer=inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+
+
+def _random_run_order(model):
+    sizes = TensorSizes(model)
+    infer_runtime_shapes(model, sizes)
+    g = _emulate("m", model, sizes)
+    randoms = {n.name for n in random_ops(model)}
+    return [n for i in g.order for n in g.rg.at(i).origin if n in randoms]
+
+
+def test_pins_keep_random_ops_in_the_given_order():
+    model = _two_dropouts()
+    assert _random_run_order(model) == ["drop_z", "drop_x"]  # DEFAULT order: higher index first
+    pinned, pins = pin_random_order(model, ["drop_x", "drop_z"])
+    assert pins == ["remat_order/drop_z"]
+    assert _random_run_order(pinned) == ["drop_x", "drop_z"]
+    pin = next(n for n in pinned.graph.node if n.name == pins[0])
+    assert pin.op_type == "PassThrough" and list(pin.input) == ["z", "mx"]  # waits for drop_x's mask
+    assert pin_random_order(pinned, ["drop_x", "drop_z"])[1] == []  # pinned already
+    # an order the data forbids (blocks10's dropouts form one chain) is refused, not half-written
+    chain = load_model(artifacts_dir("blocks10")).model
+    names = [n.name for n in random_ops(chain)]
+    with pytest.raises(RuntimeError, match="cycle"):
+        pin_random_order(chain, list(reversed(names)))
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_schedule_never_raises_the_peak_and_reports_the_written_graphs_estimate(name):
+    analysis = onnx_remat.analyze_model(artifacts_dir(name))
+    source = analysis.model.SerializeToString()
+    result = onnx_remat.schedule(analysis)
+    assert analysis.model.SerializeToString() == source  # the input is not changed
+    before, after = result.estimate_before.planned_peak_bytes, result.estimate_after.planned_peak_bytes
+    assert after <= before
+    assert result.schedule.planned_peak_after == after == estimate_rewritten(analysis, result.model).planned_peak_bytes
+    if not result.schedule.changed:
+        assert result.model is analysis.model
+    assert not any(n.name.endswith("/remat") for n in result.model.graph.node)  # nothing recomputed
+    # forward random ops draw in the original order
+    randoms = {n.name for n in random_ops(analysis.model)}
+    assert [n for n in result.estimate_after.order_names if n in randoms] == [
+        n for n in result.estimate_before.order_names if n in randoms
+    ]
+
+
+def test_schedule_lowers_blocks10_and_apply_schedules_its_rewrite():
+    result = onnx_remat.schedule(artifacts_dir("blocks10"))
+    assert (
+        result.schedule.changed and result.estimate_after.planned_peak_bytes < result.estimate_before.planned_peak_bytes
+    )
+    plain = onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block", schedule=False)
+    scheduled = onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+    assert plain.schedule is None and scheduled.schedule is not None
+    assert scheduled.estimate_after.planned_peak_bytes < plain.estimate_after.planned_peak_bytes
+    assert scheduled.model is scheduled.schedule.model
+    assert scheduled.summary()["schedule"]["chosen"]["policy"] in POLICIES
+
+
+def test_schedule_result_summary_and_save(tmp_path):
+    result = onnx_remat.schedule(artifacts_dir("fc5"))
+    summary = result.summary()
+    assert summary["planned_peak_bytes_after"] <= summary["planned_peak_bytes_before"]
+    assert {c["policy"] for c in summary["candidates"]} == set(POLICIES)
+    out = result.save(tmp_path / "fc5_scheduled")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checkpoint",
+        "eval_model.onnx",
+        "optimizer_model.onnx",
+        "training_model.onnx",
+    ]
+    assert len(onnx.load(out / "training_model.onnx").graph.node) == len(result.model.graph.node)
+    assert result.default_output().name == "fc5_scheduled"
+
+
+def test_unknown_accumulation_mode_is_a_user_error():
+    with pytest.raises(onnx_remat.RematError, match="gradient accumulation must be one of"):
+        onnx_remat.schedule(artifacts_dir("fc5"), grad_accumulation="sometimes")
+    with pytest.raises(ValueError):
+        MemorySchedule(grad_accumulation="sometimes")
