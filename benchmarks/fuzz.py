@@ -9,14 +9,16 @@ nested submodules and tied weights, in a sequence or an image family; exported w
 TorchScript exporter at opset 14-17 or with the dynamo exporter, turned into artifacts by
 :func:`onnx_remat.runtime.artifacts.generate_training_artifacts`. Each *case* is one selection on
 one model: a scope glob, a single scope, a class name, op types, a node, with or without
-``--recompute-outputs``. A case's outcome:
+``--recompute-outputs``, a memory budget (a share of the unrewritten peak), or the memory
+schedule alone (``onnx_remat.schedule``). A case's outcome:
 
 * ``ok``: the rewrite ran; loss and every gradient are bit-identical (compared single-threaded
   where kernels race) and the measured planned peak is no higher than the original's;
 * ``nothing``: ``apply`` found nothing to recompute (a one-line reason; not a failure);
 * failures: ``refused`` (a valid graph refused at load), ``crash`` (an exception that is not a
   one-line user error), ``runtime`` (a written rewrite onnxruntime cannot run), ``mismatch``
-  (loss or a gradient differs), ``peak`` (the measured planned peak rose).
+  (loss or a gradient differs), ``peak`` (the measured planned peak rose), ``budget`` (the
+  measured planned peak is above the budget the plan was made for).
 
 Every case is a line of ``DIR/cases.jsonl``; a failing case's artifacts and selection are kept in
 ``DIR/failures/<case>/`` to become a regression test. The summary line at the end counts the
@@ -39,7 +41,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FAILURES = ("refused", "crash", "runtime", "mismatch", "peak")
+FAILURES = ("refused", "crash", "runtime", "mismatch", "peak", "budget")
 OUTCOMES = ("ok", "nothing", *FAILURES)
 
 
@@ -328,6 +330,8 @@ def draw_selections(analysis, rng: random.Random, k: int) -> list[dict]:
     pool += [{"scopes": [c], "recompute_outputs": True} for c in block_classes]
     pool += [{"op_types": rng.sample(ops, rng.randint(1, min(2, len(ops))))} for _ in range(2)]
     pool += [{"nodes": [n.name]} for n in rng.sample(forward, min(2, len(forward)))]
+    # The budget planner (a share of the unrewritten peak) and the memory schedule alone.
+    pool += [{"budget": f"{rng.choice((30, 45, 60, 75, 90))}%"}, {"schedule_only": True}]
     rng.shuffle(pool)
     # The repeated-block selection users ask for first, then random others.
     first = [{"scopes": [block_classes[0]]}] if block_classes else []
@@ -405,7 +409,10 @@ def run_model(seed: int, selections: int, out: Path, keep_all: bool = False) -> 
             c.nodes = len(analysis.graph.order)
             start = time.perf_counter()
             try:
-                result = onnx_remat.apply(art, **selection)
+                if selection.get("schedule_only"):
+                    result = onnx_remat.schedule(art)
+                else:
+                    result = onnx_remat.apply(art, **selection)
             except RematError as exc:
                 c.outcome, c.detail = "nothing", _one_line(exc)
             except Exception as exc:
@@ -414,7 +421,8 @@ def run_model(seed: int, selections: int, out: Path, keep_all: bool = False) -> 
                     _one_line(exc) + " | " + traceback.format_exc(limit=-3).replace("\n", " "),
                 )
             else:
-                c.clones = result.clone_count
+                c.clones = getattr(result, "clone_count", 0)
+                budget = result.budget.budget if getattr(result, "budget", None) is not None else None
                 if result.estimate_before is not None and result.estimate_after is not None:
                     c.estimate_before = result.estimate_before.planned_peak_bytes
                     c.estimate_after = result.estimate_after.planned_peak_bytes
@@ -433,6 +441,8 @@ def run_model(seed: int, selections: int, out: Path, keep_all: bool = False) -> 
                         c.detail = f"{len(cmp.mismatched)} outputs differ: {', '.join(cmp.mismatched[:3])}"
                     elif c.peak_before is not None and c.peak_after is not None and c.peak_after > c.peak_before:
                         c.outcome, c.detail = "peak", f"planned peak {c.peak_before} -> {c.peak_after}"
+                    elif budget is not None and c.peak_after is not None and c.peak_after > budget:
+                        c.outcome, c.detail = "budget", f"measured planned peak {c.peak_after} > budget {budget}"
                     else:
                         c.outcome = "ok"
                 shutil.rmtree(rewritten, ignore_errors=True)

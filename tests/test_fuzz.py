@@ -25,3 +25,30 @@ def test_fuzz_cases_pass(seed, tmp_path):
     assert cases
     failed = [(c.selection, c.outcome, c.detail) for c in cases if c.outcome in FAILURES]
     assert not failed, failed
+
+
+def test_budget_on_a_fuzz_model_with_negative_corrections(tmp_path):
+    """Fuzz model 2 (dynamo, 198 nodes) at a 75% budget: the planner's learnt corrections made a
+    unit's kept bytes negative and the chain DP indexed past its table (IndexError). Now: a
+    one-line refusal naming the lowest reachable peak, or a plan that fits."""
+    import onnx_remat
+    from benchmarks.fuzz import build
+    from onnx_remat.errors import RematError
+    from onnx_remat.exporters import export_for_training, trainable_parameter_names
+    from onnx_remat.runtime.artifacts import generate_training_artifacts
+
+    spec = draw_model(2)
+    module, args, _ = build(spec)
+    model = export_for_training(module, args, exporter=spec.exporter, opset=spec.opset, input_names=["x"])
+    art = tmp_path / "art"
+    art.mkdir()
+    generate_training_artifacts(
+        model, art, requires_grad=trainable_parameter_names(model, module, strict=True), loss=spec.loss
+    )
+    for budget in ("75%", "90%", "99%"):
+        try:
+            result = onnx_remat.apply(art, budget=budget)
+        except RematError as exc:
+            assert "lowest planned peak" in str(exc)
+        else:
+            assert result.estimate_after.planned_peak_bytes <= result.budget.budget

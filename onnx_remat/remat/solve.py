@@ -137,7 +137,9 @@ class _Tables:
         self.F = np.cumsum([0.0] + [u.forward_cost for u in units])
         kept = [_q(u.layer[2], quantum) if u.layer else 0 for u in units]
         self.P = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
-        self.K = K + int(self.P[-1])
+        # Corrections learnt from the exact estimate can make a unit's kept bytes negative, so P is
+        # not always increasing: the table spans the largest P, not the last one.
+        self.K = K + max(int(self.P.max()), 0)
         self.cache: dict[tuple[int, int, bool, bool], tuple[np.ndarray, np.ndarray]] = {}
 
     def get(self, a: int, b: int, start: bool = True, end: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -225,6 +227,7 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
 
     def relax(k_to: int, src: np.ndarray, add: int, lim: int, cost: np.ndarray | float, c: int) -> None:
         """best[k_to][S + add] <- src[S] + cost for 0 <= S <= lim."""
+        add = max(add, 0)  # a negative correction must not index from the end: count it as nothing kept
         hi = min(lim, K - add)
         if hi < 0:
             return
@@ -265,7 +268,7 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
             if hi < 0:
                 continue
             # H = K - S - extra + P[a] for S = 0..hi
-            costs = rot[K - extra + int(tables.P[a]) - np.arange(hi + 1)]
+            costs = rot[np.clip(K - extra + int(tables.P[a]) - np.arange(hi + 1), 0, len(rot) - 1)]
             relax(k + 1, best[a], sig + b[k], hi, costs, -(a + 1))
     final = best[n]
     lim = K - _q(problem.mid_need, q)
@@ -283,7 +286,7 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
             S, k = p, k - 1
         else:
             a = -c - 1
-            H = K - p - _q(units[a].input_extra, q) + int(tables.P[a])
+            H = min(max(K - p - _q(units[a].input_extra, q) + int(tables.P[a]), 0), tables.K)
             choices.append(Choice(a, k - 1, events=tables.events(a, k - 1, H, False)))
             S, k = p, a
     choices.reverse()
