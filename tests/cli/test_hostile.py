@@ -322,6 +322,32 @@ CASES = [
     ("viz-exists", ["viz", "M", "--scope", "FCBlock", "-o", "existing.dot"], 1, "already exists"),
     ("viz-expand-negative", ["viz", "M", "--scope", "FCBlock", "--expand", "-1", "-o", "g.dot"], 2, "--expand"),
     # report
+    # schedule
+    ("schedule-over-model", ["schedule", "m.onnx", "-o", "m.onnx"], 2, "this is the model"),
+    ("schedule-over-model-dir", ["schedule", "M", "-o", "M"], 2, "this is the model"),
+    ("schedule-into-model", ["schedule", "M", "-o", "M/x.onnx"], 2, "inside the model's folder"),
+    ("schedule-json-exists", ["schedule", "m.onnx", "--json", "existing.json"], 1, "already exists; give --force"),
+    ("schedule-not-a-model", ["schedule", "notes.txt"], 1, "not an ONNX model"),
+    ("schedule-accumulation-bogus", ["schedule", "m.onnx", "--grad-accumulation", "bogus"], 2, "--grad-accumulation"),
+    ("schedule-dim-zero", ["schedule", "M", "--dim", "batch=0"], 2, "at least 1"),
+    # plan and apply --budget
+    ("plan-nothing-asked", ["plan", "M"], 2, "give --budget"),
+    ("plan-budget-words", ["plan", "M", "--budget", "lots"], 1, "not a budget"),
+    ("plan-budget-unreachable", ["plan", "M", "--budget", "1MiB"], 1, "below the lowest planned peak"),
+    ("plan-plot-gif", ["plan", "M", "--sweep", "--plot", "c.gif"], 1, "give a .png or .svg path"),
+    ("plan-plot-without-sweep", ["plan", "M", "--budget", "60%", "--plot", "c.png"], 2, "add --sweep"),
+    ("plan-json-exists", ["plan", "M", "--sweep", "--json", "existing.json"], 1, "already exists; give --force"),
+    ("plan-json-into-model", ["plan", "M", "--sweep", "--json", "M/c.json"], 2, "inside the model's folder"),
+    ("plan-profile-not-json", ["plan", "M", "--budget", "50%", "--profile", "notes.txt"], 1, "not a profile"),
+    (
+        "plan-profile-and-flops",
+        ["plan", "M", "--budget", "50%", "--cost", "flops", "--profile", "existing.json"],
+        2,
+        "--cost flops",
+    ),
+    ("plan-points-one", ["plan", "M", "--sweep", "--points", "1"], 2, "--points"),
+    ("apply-budget-unreachable", ["apply", "M", "--budget", "1MiB", "-o", "budget_out"], 1, "below the lowest planned peak"),
+    ("apply-budget-and-scope", ["apply", "M", "--budget", "50%", "--scope", "FCBlock"], 2, "not both"),
     ("report-not-html", ["report", "M", "--scope", "FCBlock", "-o", "r.txt"], 1, "HTML"),
     ("report-into-model", ["report", "M", "--scope", "FCBlock", "-o", "M/r.html"], 2, "inside the model's folder"),
     ("report-order-other", ["report", "M", "--scope", "FCBlock", "-o", "r.html", "--order", "bad.json"], 1, "JSON"),
@@ -371,7 +397,18 @@ def test_refused_without_a_trace(refused, name, args, code, fragment):
 def test_at_least_60_cases_over_every_subcommand():
     commands = {c[1][0] for c in CASES}
     assert len(CASES) >= 60
-    assert {"scopes", "apply", "estimate", "measure", "compare", "check", "viz", "report"} <= commands
+    assert {
+        "scopes",
+        "apply",
+        "schedule",
+        "plan",
+        "estimate",
+        "measure",
+        "compare",
+        "check",
+        "viz",
+        "report",
+    } <= commands
 
 
 def test_external_data_written_beside_the_output_from_any_folder(work):
