@@ -346,7 +346,7 @@ CASES = [
         "--cost flops",
     ),
     ("plan-points-one", ["plan", "M", "--sweep", "--points", "1"], 2, "--points"),
-    ("apply-budget-unreachable", ["apply", "M", "--budget", "1MiB", "-o", "budget_out"], 1, "below the lowest planned peak"),
+    ("apply-budget-unreachable", ["apply", "M", "--budget", "1MiB", "-o", "budget_out"], 1, "below the lowest"),
     ("apply-budget-and-scope", ["apply", "M", "--budget", "50%", "--scope", "FCBlock"], 2, "not both"),
     ("report-not-html", ["report", "M", "--scope", "FCBlock", "-o", "r.txt"], 1, "HTML"),
     ("report-into-model", ["report", "M", "--scope", "FCBlock", "-o", "M/r.html"], 2, "inside the model's folder"),
