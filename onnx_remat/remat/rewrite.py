@@ -658,7 +658,8 @@ class RecomputeRewrite:
                     reader.inputs[i] = clone_of[t.name]
                     rewired += 1
         for t in seg.targets:
-            shared[t.name] = clone_of[t.name]
+            if t.name in clone_of:  # a seeded Dropout's mask is drawn again by its readers, not cloned
+                shared[t.name] = clone_of[t.name]
 
         added: list[gs.Node] = []
         barrier_name = None
