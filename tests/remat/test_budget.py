@@ -92,5 +92,11 @@ def test_apply_with_a_budget(tmp_path):
     assert result.summary()["budget"]["chosen"]["planned_peak_bytes"] <= 0.35 * 215 * MiB
     out = result.save(tmp_path / "out")
     assert (out / "training_model.onnx").is_file() and (out / "checkpoint").exists()
+    # the chosen rewrite is scheduled as apply schedules a selection: never a higher estimated peak
+    assert result.schedule is not None and result.model is result.schedule.model
+    written = result.estimate_after.planned_peak_bytes
+    assert written == result.budget.planned_peak <= result.budget.chosen.peak
+    plain = onnx_remat.apply(artifacts_dir("blocks10"), budget="35%", schedule=False)
+    assert plain.schedule is None and plain.estimate_after.planned_peak_bytes == plain.budget.chosen.peak
     with pytest.raises(UsageError):
         onnx_remat.apply(artifacts_dir("blocks10"), budget="60MiB", scopes="Block")
