@@ -3,6 +3,8 @@ budgets from the unrewritten planned peak down to the lowest reachable one, each
 
     python -m benchmarks.budget_table [NAME ...] [--points 6] [--steps 2]
         [--out benchmarks/results/budget.md] [--cache DIR]
+    python -m benchmarks.budget_table --render benchmarks/results/budget.json \
+        --plot blocks10 --plot gpt2_ts --plots docs     # the curves, with the measured points
 
 Per model (``models/artifacts/<name>`` for ``models.MODELS``; the corpus of ``models/corpus.py``
 from the tests' cache ``.cache/corpus/<key>/``, exported there when missing):
@@ -248,30 +250,82 @@ def summary_table(models: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.budget_table", description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help="models (default: models/ and the corpus)")
-    parser.add_argument("--points", type=int, default=6, help="budgets per model, the unrewritten peak included")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per graph and comparison")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown output (JSON beside it)")
-    parser.add_argument("--cache", type=Path, help="corpus exports (default: the tests' cache)")
-    args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    cache = args.cache or corpus_cache()
-    models = []
-    for name, src, scope in sources(args.names, cache):
-        print(f"{name}:", flush=True)
-        models.append(measure_model(name, src, scope, args.points, args.steps))
+def floor_breakdown(src: Path) -> dict:
+    """What fills the planned peak at the planner's floor (``apply(budget=<floor>)``, scheduled),
+    from the estimate: the buffers alive at the peak by where their tensor was made (stored from
+    the forward pass, dropout masks apart; made by the clones; by the backward pass) and scope."""
+    import onnx_remat
+    from onnx_remat.graph import tags
+    from onnx_remat.remat.budget import BudgetPlanner
+
+    floor = BudgetPlanner(onnx_remat.analyze_model(src)).floor()
+    result = onnx_remat.apply(src, budget=floor.peak)
+    after = result.estimate_after
+    assert after is not None
+    masks = set()
+    for node in result.model.graph.node:
+        if node.op_type == "Dropout" and len(node.output) > 1:
+            masks.add(node.output[1])
+        if tags.is_pack_name(node.name):
+            masks.update(node.output)
+    parts: dict[str, int] = {}
+    for t in after.live_at_peak:
+        kind = {"forward": "stored", "recompute": "recomputed"}.get(t.region, t.region)
+        if t.tensor in masks:
+            kind = "stored dropout masks"
+        key = f"{kind}: {t.scope or '-'}"
+        parts[key] = parts.get(key, 0) + t.bytes
+    return {
+        "floor_unscheduled": floor.peak,
+        "floor_added": floor.added,
+        "floor_choices": floor.choices,
+        "written_peak": after.planned_peak_bytes,
+        "apply_added": result.budget.chosen.added,  # type: ignore[union-attr]
+        "apply_choices": result.budget.chosen.choices,  # type: ignore[union-attr]
+        "peak_node": after.peak_node,
+        "at_peak": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+    }
+
+
+def floor_text(name: str, b: dict) -> str:
+    lines = [
+        f"## {name}: the floor\n",
+        f"The planner's lowest estimated planned peak: {_mib(b['floor_unscheduled'])} MiB unscheduled "
+        f"({b['floor_added']:.1%} added compute); `apply(budget=<that>)` writes {_mib(b['written_peak'])} MiB "
+        f"after the schedule ({b['apply_added']:.1%} added: the calibration rounds of one budget find the "
+        "same peak by a dearer plan than the floor search did). Plan written:\n",
+        *[f"- {c}" for c in b["apply_choices"]],
+        f"\nAt its peak (node `{b['peak_node']}`), MiB by where the buffer's tensor was made and scope:\n",
+        "| what | MiB |",
+        "|---|---:|",
+        *[f"| {k} | {_mib(v)} |" for k, v in b["at_peak"].items()],
+    ]
+    return "\n".join(lines)
+
+
+def plot_curve(name: str, src: Path, model: dict, out: Path) -> Path:
+    """``onnx-remat plan --sweep --plot`` of one model, with this run's measured planned peaks."""
+    import onnx_remat
+    from onnx_remat.remat.budget import BudgetPlanner
+    from onnx_remat.show.tradeoff import plot_sweep
+
+    sweep = BudgetPlanner(onnx_remat.analyze_model(src)).sweep()
+    measured = [(r["added"], r["measured"]) for r in model["rows"] if r.get("measured") and "error" not in r]
+    title = f"{name}: planned peak against added compute (measured: the rewrites as written, scheduled)"
+    return plot_sweep(sweep, out, title=title, measured=measured, force=True)
+
+
+def write_report(models: list[dict], out: Path, steps: int, date: str, extra: str = "") -> str:
     header = (
-        f"# Recompute under a memory budget, measured\n\nRecorded {time.strftime('%Y-%m-%d')} on "
+        f"# Recompute under a memory budget, measured\n\nRecorded {date} on "
         f"{platform.machine()} ({platform.processor() or 'cpu'}), onnxruntime-training 1.19.2 (CPU), by "
         "`python -m benchmarks.budget_table`. Each budget: `onnx_remat.apply(model, budget=b)` (the "
         "chosen rewrite, scheduled), compared with the original in fresh onnxruntime processes "
-        f"(1 warm-up step, {args.steps} timed steps): measured planned peak (onnxruntime's planned "
+        f"(1 warm-up step, {steps} timed steps): measured planned peak (onnxruntime's planned "
         "activation memory), loss and every gradient bit for bit, step time as the ratio of the two "
-        "graphs measured side by side. Added compute: the planner's cost model (share of one step, "
-        "FLOP estimate unless a profile is cached). The first budget of each model is the unrewritten "
-        "peak (nothing rewritten).\n\n"
+        "graphs measured side by side (a shared 2-core machine: single ratios are noisy). Added "
+        "compute: the planner's cost model (share of one step, FLOP estimate unless a profile is "
+        "cached). The first budget of each model is the unrewritten peak (nothing rewritten).\n\n"
     )
     text = (
         "## Summary\n\n"
@@ -281,10 +335,49 @@ def main(argv: list[str] | None = None) -> int:
         "planner's figures; scheduled: what `apply --scope` writes), its added compute against "
         "per-layer's.\n\n" + per_layer_table(models) + "\n\n## Every budget\n\n" + table(models)
     )
+    if extra:
+        text += "\n\n" + extra
     from onnx_remat.model_io import write_file
 
-    write_file(args.out, header + text + "\n", force=True)
-    write_file(args.out.with_suffix(".json"), json.dumps(models, indent=1) + "\n", force=True)
+    write_file(out, header + text + "\n", force=True)
+    write_file(out.with_suffix(".json"), json.dumps(models, indent=1) + "\n", force=True)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.budget_table", description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", help="models (default: models/ and the corpus)")
+    parser.add_argument("--points", type=int, default=6, help="budgets per model, the unrewritten peak included")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per graph and comparison")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown output (JSON beside it)")
+    parser.add_argument("--cache", type=Path, help="corpus exports (default: the tests' cache)")
+    parser.add_argument(
+        "--render", type=Path, metavar="JSON", help="measure nothing: rewrite the Markdown (and plots) from a JSON"
+    )
+    parser.add_argument("--plot", action="append", default=[], metavar="NAME", help="models to plot (with --render)")
+    parser.add_argument("--plots", type=Path, default=ROOT / "docs", help="folder for budget_<NAME>.png")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    cache = args.cache or corpus_cache()
+    if args.render is not None:
+        models = json.loads(args.render.read_text())
+        done = {m["name"]: m for m in models}
+        for name, src, _scope in sources(args.plot, cache):
+            print(f"wrote {plot_curve(name, src, done[name], args.plots / f'budget_{name}.png')}")
+        floors = [floor_text(n, floor_breakdown(src)) for n, src, _ in sources(["blocks10"], cache) if n in done]
+        date = time.strftime("%Y-%m-%d", time.localtime(args.render.stat().st_mtime))
+        write_report(models, args.out, args.steps, date, "\n\n".join(floors))
+        return 0
+    models = []
+    for name, src, scope in sources(args.names, cache):
+        print(f"{name}:", flush=True)
+        models.append(measure_model(name, src, scope, args.points, args.steps))
+    floors = [
+        floor_text(n, floor_breakdown(src))
+        for n, src, _ in sources(["blocks10"], cache)
+        if n in args.names or not args.names
+    ]
+    text = write_report(models, args.out, args.steps, time.strftime("%Y-%m-%d"), "\n\n".join(floors))
     print(text)
     bad = [
         (m["name"], r["budget"])
