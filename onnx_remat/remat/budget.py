@@ -593,6 +593,11 @@ class BudgetPlanner:
                 best = ref
         if best is None:
             floor = self.floor()
+            if floor.peak <= budget:
+                # the floor search found a plan the rounds for this budget did not: take it
+                # (a budget at the floor it names is never refused)
+                best = floor
+        if best is None:
             raise RematError(
                 f"budget {format_bytes(budget)} is below the lowest planned peak onnx-remat reaches for this "
                 f"graph, {format_bytes(floor.peak)} ({floor.peak / base:.0%} of the unrewritten "

@@ -72,6 +72,15 @@ def test_unreachable_budget_names_the_floor(blocks10):
     assert f"{blocks10.floor().peak / MiB:.1f} MiB" in msg
 
 
+def test_a_budget_at_the_floor_is_met():
+    """The floor a refusal names is reachable: a budget of exactly that peak gets a plan (fc5's
+    rounds alone miss the floor's plan)."""
+    planner = BudgetPlanner(analyze_model(artifacts_dir("fc5")))
+    floor = planner.floor()
+    chosen = BudgetPlanner(analyze_model(artifacts_dir("fc5"))).plan(floor.peak).chosen
+    assert chosen.peak <= floor.peak
+
+
 def test_budget_above_the_baseline_rewrites_nothing(blocks10):
     result = blocks10.plan(blocks10.baseline_peak)
     assert result.chosen.rewrite is None and result.chosen.cost == 0
