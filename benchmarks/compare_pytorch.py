@@ -63,7 +63,7 @@ Writes ``<out>/<device>.md`` (Markdown tables) and ``<out>/<device>.json``::
       "models": [
         {"name": "blocks10", "scope": "Block", "source": "models" | "artifacts",
          "rows": [{"runtime": "onnxruntime" | "pytorch", "config": "baseline" | "remat" |
-                   "remat_outputs" | "remat_seed" | "eager" | "checkpoint", "label": "...",
+                   "remat_outputs" | "remat_seed" | "budget:<SIZE>" | "eager" | "checkpoint", "label": "...",
                    "planned_peak_bytes": int|null, "arena_peak_bytes": int|null,   # onnxruntime only
                    "live_peak_bytes": int|null, "live_peak_samples": [...],
                    "step_time_s": {"median", "min", "max", "samples", "round_medians"},
@@ -298,8 +298,23 @@ class _Config:
     round_medians: list = field(default_factory=list)
 
 
+def _budget_configs(budgets: list[str] | None) -> list[tuple[str, str]]:
+    """``--budget`` rows: ``budget:<SIZE>`` (``floor``: the lowest peak the planner reaches)."""
+    return [(f"budget:{b}", f"onnx-remat --budget {b}") for b in budgets or []]
+
+
+def _apply_budget(source, budget: str):
+    """``onnx_remat.apply(source, budget=...)``; ``floor``: the planner's lowest estimated peak."""
+    import onnx_remat
+    from onnx_remat.remat.budget import BudgetPlanner
+
+    if budget == "floor":
+        return onnx_remat.apply(source, budget=BudgetPlanner(onnx_remat.analyze_model(source)).floor().peak)
+    return onnx_remat.apply(source, budget=budget)
+
+
 def _ort_configs(
-    source, scope: str, *, inputs, steps: int, warmup: int, device: str
+    source, scope: str, *, inputs, steps: int, warmup: int, device: str, budgets: list[str] | None = None
 ) -> tuple[list[_Config], dict | None]:
     """Rewrite, measure (planned + live peak, time) and check the gradients of each onnxruntime configuration."""
     import onnx_remat
@@ -311,13 +326,18 @@ def _ort_configs(
     checkpoint = loaded.checkpoint_path
     stored = None
     configs: list[_Config] = []
-    for config, label in ORT_CONFIGS:
+    for config, label in [*ORT_CONFIGS, *_budget_configs(budgets)]:
         row = Row("onnxruntime", config, label, loadavg=_loadavg())
         cfg = _Config(row, checkpoint=checkpoint)
         t0 = time.perf_counter()
         try:
             if config == "baseline":
                 cfg.model = source
+            elif config.startswith("budget:"):
+                result = _apply_budget(source, config.split(":", 1)[1])
+                cfg.model = result.model
+                row.clones = result.clone_count
+                row.segments = len(result.rewrite.segments)
             else:
                 result = onnx_remat.apply(
                     source,
@@ -449,13 +469,23 @@ def _torch_time(cfg: _Config, *, steps: int, warmup: int, device: str) -> None:
 
 
 def _measure_model(
-    name: str | None, source, scope: str, *, inputs, steps: int, warmup: int, rounds: int, device: str, torch_rows: bool
+    name: str | None,
+    source,
+    scope: str,
+    *,
+    inputs,
+    steps: int,
+    warmup: int,
+    rounds: int,
+    device: str,
+    torch_rows: bool,
+    budgets: list[str] | None = None,
 ) -> tuple[list[Row], dict | None, dict]:
     """Every configuration of one model: round 1 measures everything, rounds 2.. only step times,
     the configurations taking turns so a busy spell of the machine falls on all of them."""
     from onnx_remat.runtime.measure import StepTimes
 
-    ort, stored = _ort_configs(source, scope, inputs=inputs, steps=steps, warmup=warmup, device=device)
+    ort, stored = _ort_configs(source, scope, inputs=inputs, steps=steps, warmup=warmup, device=device, budgets=budgets)
     pt, pt_stored = _torch_configs(name, steps=steps, warmup=warmup, device=device) if torch_rows and name else ([], {})
     for k in range(2, rounds + 1):
         for cfg in ort + pt:
@@ -829,6 +859,7 @@ def run(
     device: str = "cpu",
     torch_rows: bool = True,
     command: str = "",
+    budgets: list[str] | None = None,
 ) -> dict:
     """Measure and return the report (the JSON object of the module docstring)."""
     from models import ARTIFACTS_DIR_NAME, MODELS
@@ -870,6 +901,7 @@ def run(
             rounds=rounds,
             device=device,
             torch_rows=torch_rows and spec is not None,
+            budgets=budgets,
         )
         has_pt = any(r.runtime == "pytorch" for r in rows)
         report["models"].append(
@@ -959,6 +991,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for <device>.md and <device>.json")
     parser.add_argument("--no-pytorch", action="store_true", help="onnxruntime rows only")
     parser.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="SIZE",
+        help="also onnx-remat --budget SIZE (repeatable; 'floor': the lowest peak the planner reaches)",
+    )
+    parser.add_argument(
         "--render",
         type=Path,
         metavar="JSON",
@@ -986,6 +1025,7 @@ def main(argv: list[str] | None = None) -> int:
         device=args.device,
         torch_rows=not args.no_pytorch,
         command=command.strip(),
+        budgets=args.budget,
     )
     report["duration_s"] = round(time.perf_counter() - t0, 1)
     md = to_markdown(report)

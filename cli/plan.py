@@ -78,9 +78,11 @@ def print_budget(b, *, notes: bool = True) -> None:
     """A :class:`~onnx_remat.remat.budget.BudgetResult`: what each unit does, the estimated peak, the
     compute (and its notes, unless the caller prints them with its own)."""
     chosen = b.chosen
+    peak = b.planned_peak
+    scheduled = f", {format_bytes(chosen.peak)} unscheduled" if peak != chosen.peak else ""
     console.print(
-        f"[bold]budget {format_bytes(b.budget)}[/]: estimated planned peak {format_bytes(chosen.peak)} "
-        f"(unrewritten {format_bytes(b.baseline_peak)}, x{chosen.peak / b.baseline_peak:.2f}); added compute "
+        f"[bold]budget {format_bytes(b.budget)}[/]: estimated planned peak {format_bytes(peak)}{scheduled} "
+        f"(unrewritten {format_bytes(b.baseline_peak)}, x{peak / b.baseline_peak:.2f}); added compute "
         f"{chosen.added:.1%} of a step; plan from {chosen.source}"
     )
     for line in chosen.choices:

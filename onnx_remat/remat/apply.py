@@ -233,7 +233,14 @@ def apply(
             raise UsageError("give a budget or a selection (scopes, op types, nodes), not both")
         from onnx_remat.remat.budget import apply_budget
 
-        return apply_budget(analysis, budget, profile=profile, dropout=dropout)
+        return apply_budget(
+            analysis,
+            budget,
+            profile=profile,
+            dropout=dropout,
+            schedule=schedule,
+            grad_accumulation=grad_accumulation,
+        )
     notes: list[str] = []
     before = None
     if check_peak:

@@ -122,10 +122,18 @@ class BudgetResult:
     attempts: list[Attempt]
     references: list[BudgetPlan]
     notes: list[str] = field(default_factory=list)
+    written_peak: int | None = None  # estimated planned peak of the graph apply writes (scheduled)
+
+    @property
+    def planned_peak(self) -> int:
+        """The estimated planned peak of what is written: the scheduled rewrite where apply
+        scheduled it, else the chosen plan's."""
+        return self.written_peak if self.written_peak is not None else self.chosen.peak
 
     def summary(self) -> dict:
         return {
             "budget_bytes": self.budget,
+            "planned_peak_bytes": self.planned_peak,
             "baseline_planned_peak_bytes": self.baseline_peak,
             "chosen": self.chosen.summary(),
             "attempts": [dataclasses.asdict(a) for a in self.attempts],
@@ -585,6 +593,11 @@ class BudgetPlanner:
                 best = ref
         if best is None:
             floor = self.floor()
+            if floor.peak <= budget:
+                # the floor search found a plan the rounds for this budget did not: take it
+                # (a budget at the floor it names is never refused)
+                best = floor
+        if best is None:
             raise RematError(
                 f"budget {format_bytes(budget)} is below the lowest planned peak onnx-remat reaches for this "
                 f"graph, {format_bytes(floor.peak)} ({floor.peak / base:.0%} of the unrewritten "
@@ -601,6 +614,8 @@ class BudgetPlanner:
         if self._floor is not None:
             return self._floor
         base = self.baseline_peak
+        refs = self.references()
+        self.fix = dict(self._reference_fix)  # as plan() starts: the floor does not depend on what ran before
         lo = max(self.problem.outside_need, 1)
         least = min_budget(self.problem, lo, base)
         found: list[BudgetPlan] = []
@@ -613,7 +628,7 @@ class BudgetPlanner:
                     s2 = solve(self.problem, int(least * factor))
                     if s2 is not None:
                         found.append(self.realize(s2))
-        found += self.references()
+        found += refs
         found.append(BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, []))
         self._floor = min(found, key=lambda p: (p.peak, p.cost))
         return self._floor
@@ -668,36 +683,69 @@ def parse_budget(budget: int | float | str, baseline_peak: int) -> int:
     return value
 
 
-def apply_budget(analysis: ModelAnalysis, budget: int | float | str, *, profile=None, dropout: str | None = None):
+def apply_budget(
+    analysis: ModelAnalysis,
+    budget: int | float | str,
+    *,
+    profile=None,
+    dropout: str | None = None,
+    schedule: bool = True,
+    grad_accumulation: str = "inplace",
+):
     """:func:`onnx_remat.apply` with a budget: an :class:`~onnx_remat.ApplyResult` whose rewrite is
     the chosen plan (the unrewritten graph when it fits already) and whose ``budget`` is the
-    :class:`BudgetResult`."""
+    :class:`BudgetResult`.
+
+    With ``schedule`` the chosen rewrite then goes through the memory schedule, as ``apply`` does
+    for a selection (:func:`onnx_remat.remat.apply._schedule`), and the scheduled graph is taken
+    when its estimated planned peak is no higher. The plan itself is chosen, and an unreachable
+    budget refused, on the planner's figures for the unscheduled rewrite: scheduling only lowers
+    the peak of a plan that already fits (``ApplyResult.estimate_after`` is the graph written).
+    """
     from onnx_remat.ortsim.registry import check_runtime_support
-    from onnx_remat.remat.apply import ApplyResult
+    from onnx_remat.remat.apply import ApplyResult, _has_random_ops, _schedule
 
     planner = BudgetPlanner(analysis, profile=profile, dropout=dropout)
     limit = parse_budget(budget, planner.baseline_peak)
     result = planner.plan(limit)
     chosen = result.chosen
+    scheduled = None
+    after = chosen.estimate
     if chosen.rewrite is None or chosen.plan is None:
         plan = RecomputePlan(segments=[], notes=list(result.notes))
         rewrite = RewriteResult(model=analysis.model, segments=[])
+        model = rewrite.model
     else:
         plan, rewrite = chosen.plan, chosen.rewrite
-        check_runtime_support(rewrite.model, "rewritten model")
+        model = rewrite.model
+        if schedule:
+            from onnx_remat.estimate import estimate_rewritten
+
+            order = planner._order if _has_random_ops(analysis) else None
+            candidate = _schedule(analysis, rewrite, order, grad_accumulation)
+            est = estimate_rewritten(analysis, candidate.model)
+            if est.planned_peak_bytes <= chosen.peak:
+                scheduled, model, after = candidate, candidate.model, est
+        check_runtime_support(model, "rewritten model")
+    peak = int(after.planned_peak_bytes)  # type: ignore[attr-defined]
+    result.written_peak = peak
+    sched_note = (
+        f", {format_bytes(chosen.peak)} before the schedule" if scheduled is not None and peak != chosen.peak else ""
+    )
     notes = [
-        f"budget {format_bytes(limit)}: estimated planned peak {format_bytes(chosen.peak)} "
+        f"budget {format_bytes(limit)}: estimated planned peak {format_bytes(peak)}{sched_note} "
         f"(unrewritten {format_bytes(result.baseline_peak)}), added compute {chosen.added:.1%} of a step "
         f"({planner.costs.source} costs)",
         *result.notes,
     ]
     return ApplyResult(
-        model=rewrite.model,
+        model=model,
         plan=plan,
         rewrite=rewrite,
         analysis=analysis,
         notes=notes,
         estimate_before=planner.baseline,
-        estimate_after=chosen.estimate,  # type: ignore[arg-type]
+        estimate_after=after,  # type: ignore[arg-type]
+        schedule=scheduled,
         budget=result,
     )

@@ -658,7 +658,7 @@ class RecomputeRewrite:
                     reader.inputs[i] = clone_of[t.name]
                     rewired += 1
         for t in seg.targets:
-            if t.name in clone_of:  # a Dropout mask replayed from storage has no clone to share
+            if t.name in clone_of:  # a Dropout mask replayed from storage or drawn again has no clone
                 shared[t.name] = clone_of[t.name]
 
         added: list[gs.Node] = []

@@ -31,7 +31,9 @@ def test_apply_budget_measured(cli, tmp_path):
     summary = json.loads((tmp_path / "s.json").read_text())
     assert summary["measure"]["budget_met"] is True
     assert summary["measure"]["b"]["planned_peak_bytes"] <= 60 * 2**20
-    assert summary["budget"]["chosen"]["planned_peak_bytes"] == summary["measure"]["b"]["planned_peak_bytes"]
+    # the estimate of the graph written (the chosen plan, scheduled) is what onnxruntime plans
+    assert summary["budget"]["planned_peak_bytes"] == summary["measure"]["b"]["planned_peak_bytes"]
+    assert summary["budget"]["planned_peak_bytes"] <= summary["budget"]["chosen"]["planned_peak_bytes"]
 
 
 def test_plan_sweep_table_json_and_plot(cli, tmp_path):

@@ -72,6 +72,15 @@ def test_unreachable_budget_names_the_floor(blocks10):
     assert f"{blocks10.floor().peak / MiB:.1f} MiB" in msg
 
 
+def test_a_budget_at_the_floor_is_met():
+    """The floor a refusal names is reachable: a budget of exactly that peak gets a plan (fc5's
+    rounds alone miss the floor's plan)."""
+    planner = BudgetPlanner(analyze_model(artifacts_dir("fc5")))
+    floor = planner.floor()
+    chosen = BudgetPlanner(analyze_model(artifacts_dir("fc5"))).plan(floor.peak).chosen
+    assert chosen.peak <= floor.peak
+
+
 def test_budget_above_the_baseline_rewrites_nothing(blocks10):
     result = blocks10.plan(blocks10.baseline_peak)
     assert result.chosen.rewrite is None and result.chosen.cost == 0
@@ -92,5 +101,11 @@ def test_apply_with_a_budget(tmp_path):
     assert result.summary()["budget"]["chosen"]["planned_peak_bytes"] <= 0.35 * 215 * MiB
     out = result.save(tmp_path / "out")
     assert (out / "training_model.onnx").is_file() and (out / "checkpoint").exists()
+    # the chosen rewrite is scheduled as apply schedules a selection: never a higher estimated peak
+    assert result.schedule is not None and result.model is result.schedule.model
+    written = result.estimate_after.planned_peak_bytes
+    assert written == result.budget.planned_peak <= result.budget.chosen.peak
+    plain = onnx_remat.apply(artifacts_dir("blocks10"), budget="35%", schedule=False)
+    assert plain.schedule is None and plain.estimate_after.planned_peak_bytes == plain.budget.chosen.peak
     with pytest.raises(UsageError):
         onnx_remat.apply(artifacts_dir("blocks10"), budget="60MiB", scopes="Block")
