@@ -53,6 +53,7 @@ from onnx_remat.units import format_bytes
 
 MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
 PER_LAYER, RECOMPUTE_OUTPUTS, PLANNER, NONE = "per-layer", "recompute-outputs", "planner", "none"
+STAGED_LIMIT = 20  # the --recompute-outputs reference is skipped when its stages clone more than this x forward
 
 
 @dataclass
@@ -268,6 +269,7 @@ class BudgetPlanner:
             for name in rg.at(i).origin:
                 self._base_step.setdefault(name, k)
         self._references: list[BudgetPlan] | None = None
+        self.reference_notes: list[str] = []  # why a reference plan was not made
         self._reference_fix: dict[tuple, int] = {}
         self._floor: BudgetPlan | None = None
 
@@ -381,12 +383,21 @@ class BudgetPlanner:
             paths = [u.path for u in self.units if u.chain is not None]
             if paths:
                 p = self.model.planner
+                forward = len(self.analysis.graph.forward_nodes)
                 for source, merged in ((PER_LAYER, False), (RECOMPUTE_OUTPUTS, True)):
                     try:
                         plan = p.plan(Selection(scopes=paths, recompute_outputs=merged))
                     except RematError:
                         continue
                     if not plan.segments:
+                        continue
+                    if merged and sum(len(s.recompute) for s in plan.segments) > STAGED_LIMIT * forward:
+                        # Staged recompute of a long chain clones O(layers^2) nodes (700 layers:
+                        # 245,000 block recomputes): not worth a reference, and not linear.
+                        self.reference_notes.append(
+                            f"{RECOMPUTE_OUTPUTS} not estimated as a reference: its stages would clone more "
+                            f"than {STAGED_LIMIT} times the forward pass ({len(paths)} layers in a chain)"
+                        )
                         continue
                     bp = self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"])
                     bp.solution = self._reference_solution(merged)
@@ -603,7 +614,7 @@ class BudgetPlanner:
                 f"graph, {format_bytes(floor.peak)} ({floor.peak / base:.0%} of the unrewritten "
                 f"{format_bytes(base)}); nothing written"
             )
-        notes = []
+        notes = list(self.reference_notes)
         if best.source != PLANNER:
             notes.append(f"{best.source} recompute fits the budget for the least compute found")
         return BudgetResult(budget, best, base, attempts, refs, notes)

@@ -109,3 +109,15 @@ def test_apply_with_a_budget(tmp_path):
     assert plain.schedule is None and plain.estimate_after.planned_peak_bytes == plain.budget.chosen.peak
     with pytest.raises(UsageError):
         onnx_remat.apply(artifacts_dir("blocks10"), budget="60MiB", scopes="Block")
+
+
+def test_staged_reference_skipped_where_it_would_clone_quadratically(monkeypatch):
+    """--recompute-outputs over a long chain clones O(layers^2) nodes: beyond STAGED_LIMIT times
+    the forward pass it is not made as a reference (planning stays linear), and the plan says so."""
+    from onnx_remat.remat import budget
+
+    monkeypatch.setattr(budget, "STAGED_LIMIT", 1)  # blocks10's 10-block chain: 5.5x the forward pass
+    planner = BudgetPlanner(analyze_model(artifacts_dir("blocks10")))
+    assert [r.source for r in planner.references()] == [PER_LAYER]
+    result = planner.plan(100 * MiB)
+    assert any("not estimated as a reference" in n for n in result.notes)
