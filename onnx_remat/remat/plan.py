@@ -211,6 +211,7 @@ class Planner:
         self._opset = default_opset(tg.mg.source)
         self._keep_bytes: set[int] = set()  # Dropouts whose masks stay bytes in packed mode
         self._stashed = {t.name for t in tg.stashed}
+        self._index: tuple[list[gs.Node], dict[str, list[gs.Node]], dict[str, gs.Node]] | None = None
         self._graph_outputs = {t.name for t in tg.graph.outputs}
         # Tensors some node overwrites in place, and by which node: a clone reading one would
         # read the overwritten value.
@@ -477,13 +478,24 @@ class Planner:
                 segments.append(seg)
         return segments
 
+    def _node_index(self) -> tuple[list[gs.Node], dict[str, list[gs.Node]], dict[str, gs.Node]]:
+        """Forward nodes, forward nodes by op type, and every node by name: built once per planner,
+        since the budget planner selects nodes thousands of times on one graph."""
+        if self._index is None:
+            forward = self.tg.forward_nodes
+            by_op: dict[str, list[gs.Node]] = {}
+            for n in forward:
+                by_op.setdefault(n.op, []).append(n)
+            self._index = (forward, by_op, {n.name: n for n in self.tg.order})
+        return self._index
+
     def _select_nodes(self, op_types: list[str], names: list[str]) -> list[gs.Node]:
-        forward = self.tg.forward_nodes
+        forward, by_op, by_name = self._node_index()
         selected: dict[int, gs.Node] = {}
-        present_ops = sorted({n.op for n in forward})
         for op in op_types:
-            hits = [n for n in forward if n.op == op]
+            hits = by_op.get(op, [])
             if not hits:
+                present_ops = sorted(by_op)
                 close = difflib.get_close_matches(op, present_ops, n=3)
                 hint = (
                     f"; closest: {', '.join(close)}" if close else f"; forward op types: {', '.join(present_ops[:12])}"
@@ -491,7 +503,6 @@ class Planner:
                 raise RematError(f"op type {op!r} matches no forward node{hint}")
             selected.update((id(n), n) for n in hits)
         if names:
-            by_name = {n.name: n for n in self.tg.order}
             for name in names:
                 node = by_name.get(name)
                 if node is None:
