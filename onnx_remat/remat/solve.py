@@ -169,12 +169,11 @@ class _Tables:
                     break
                 right, _ = self.get(s + 1, b, False, end)
                 left, _ = self.get(a, s, start, False)
-                cand = np.full(K + 1, INF)
-                # H - o_s indexes right (o_s is held while s+1..b run); H indexes left
-                cand[lo:] = (self.F[s + 1] - self.F[a]) + right[lo - self.b[s] : K + 1 - self.b[s]] + left[lo:]
-                better = cand < val
-                val = np.where(better, cand, val)
-                split = np.where(better, s, split)
+                # H - o_s indexes right (o_s is held while s+1..b run); H indexes left; below lo: infeasible
+                cand = (self.F[s + 1] - self.F[a]) + right[lo - self.b[s] : K + 1 - self.b[s]] + left[lo:]
+                better = cand < val[lo:]
+                val[lo:][better] = cand[better]
+                split[lo:][better] = s
         self.cache[key] = (val, split)
         return val, split
 
