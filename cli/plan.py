@@ -152,7 +152,7 @@ def command(model, sweep, budgets, points, cost, profile, dims, json_out, plot_o
         outs.claim(json_out, "--json")
         outs.claim(plot_out, "--plot")
         analysis = analyze_model(model, dims=dims_from(dims))
-        planner = BudgetPlanner(analysis, profile=resolve_profile(model, cost, profile))
+        planner = BudgetPlanner(analysis, profile=resolve_profile(model, cost, profile), schedule=True)
         base = planner.baseline_peak
         limits = [parse_budget(b, base) for b in budgets]
         if not sweep:
@@ -177,7 +177,7 @@ def print_sweep(name: str, curve) -> None:
     """The curve as a table: budget, estimated planned peak, added compute, what it is."""
     console.print(
         f"[bold]{name}[/]: unrewritten planned peak {format_bytes(curve.baseline_peak)}; costs from "
-        f"{curve.cost_source}; lowest reachable {format_bytes(curve.floor.peak)}"
+        f"{curve.cost_source}; lowest reachable {format_bytes(curve.floor.written_peak)}"
     )
     table = Table(show_edge=False, header_style="bold")
     for col, just in (("budget", "right"), ("planned peak", "right"), ("x", "right"), ("added compute", "right")):
@@ -190,10 +190,18 @@ def print_sweep(name: str, curve) -> None:
             continue
         what = p.plan.source if p.plan.source != "planner" else f"{len(p.plan.choices)} units/groups recomputed"
         table.add_row(
-            format_bytes(p.budget), format_bytes(p.plan.peak), f"x{p.plan.peak / base:.2f}", f"{p.plan.added:.1%}", what
+            format_bytes(p.budget),
+            format_bytes(p.plan.written_peak),
+            f"x{p.plan.written_peak / base:.2f}",
+            f"{p.plan.added:.1%}",
+            what,
         )
     for ref in curve.references:
         table.add_row(
-            "-", format_bytes(ref.peak), f"x{ref.peak / base:.2f}", f"{ref.added:.1%}", f"reference: {ref.source}"
+            "-",
+            format_bytes(ref.written_peak),
+            f"x{ref.written_peak / base:.2f}",
+            f"{ref.added:.1%}",
+            f"reference: {ref.source}",
         )
     console.print(table)

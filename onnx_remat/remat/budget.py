@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
@@ -75,10 +76,21 @@ class BudgetPlan:
     model_budget: int | None = None  # the budget the model was solved for
     solution: Solution | None = None  # the model's solution it realizes (None for a reference without one)
     observed: dict = field(default_factory=dict)  # live bytes per slot in its exact estimate
+    # The rewrite after the memory schedule and its exact estimate, where the planner scheduled it
+    # (BudgetPlanner(schedule=True): the reference plans, checked against budgets scheduled).
+    scheduled: Any = None  # ScheduleResult
+    scheduled_estimate: Any = None  # MemoryEstimate
 
     @property
     def peak(self) -> int:
         return int(self.estimate.planned_peak_bytes)  # type: ignore[attr-defined]
+
+    @property
+    def written_peak(self) -> int:
+        """The peak of what apply writes: the scheduled rewrite's where it is lower."""
+        if self.scheduled_estimate is None:
+            return self.peak
+        return min(self.peak, int(self.scheduled_estimate.planned_peak_bytes))
 
     @property
     def added(self) -> float:
@@ -92,7 +104,8 @@ class BudgetPlan:
         """JSON-ready figures."""
         return {
             "source": self.source,
-            "planned_peak_bytes": self.peak,
+            "planned_peak_bytes": self.written_peak,  # scheduled, where the planner scheduled it
+            "planned_peak_bytes_unscheduled": self.peak,
             "added_compute": self.added,
             "added_seconds": self.cost,
             "step_seconds": self.total,
@@ -129,7 +142,7 @@ class BudgetResult:
     def planned_peak(self) -> int:
         """The estimated planned peak of what is written: the scheduled rewrite where apply
         scheduled it, else the chosen plan's."""
-        return self.written_peak if self.written_peak is not None else self.chosen.peak
+        return self.written_peak if self.written_peak is not None else self.chosen.written_peak
 
     def summary(self) -> dict:
         return {
@@ -233,7 +246,11 @@ class BudgetPlanner:
     ``costs``: per-node costs (default :func:`~onnx_remat.remat.cost.node_costs`: the cached
     profile beside the model, else the FLOP estimate); ``profile`` a profile file to read them
     from; ``dropout`` is passed to the planner of segments; ``max_group`` bounds the units one
-    rotor group spans.
+    rotor group spans. With ``schedule`` the reference plans (per-layer, ``--recompute-outputs``)
+    and the floor's candidates are also scheduled as ``apply`` would write them, and fit a budget
+    when their scheduled peak does: a budget per-layer recompute reaches only after the schedule
+    gets per-layer, not a refusal or a dearer plan, and refusals name the scheduled floor. The
+    planner's own rounds are solved and checked on unscheduled figures.
     """
 
     def __init__(
@@ -244,6 +261,8 @@ class BudgetPlanner:
         profile=None,
         dropout: str | None = None,
         max_group: int = 12,
+        schedule: bool = False,
+        grad_accumulation: str = "inplace",
     ):
         from onnx_remat.estimate import _regions, _scope_of_tensor, check_dims, estimate_graph
 
@@ -262,6 +281,8 @@ class BudgetPlanner:
         self.max_group = max_group
         self.fix: dict[tuple, int] = {}  # corrections learnt from exact estimates (see learn())
         self.dropout = dropout
+        self.schedule = schedule
+        self.grad_accumulation = grad_accumulation
         self._order = list(self.baseline.order_names)
         _est, mplan, rg = self.baseline_parts
         self._base_step: dict[str, int] = {}
@@ -550,6 +571,21 @@ class BudgetPlanner:
 
     # -- budgets -------------------------------------------------------------------------------
 
+    def _fits(self, bp: BudgetPlan, budget: int) -> bool:
+        """Whether ``bp`` fits ``budget`` as apply writes it: scheduled (a reference plan, with
+        ``schedule``; computed once) or not."""
+        if bp.peak <= budget:
+            return True
+        if not self.schedule or bp.rewrite is None or bp.scheduled is not None:
+            return bp.written_peak <= budget
+        from onnx_remat.estimate import estimate_rewritten
+        from onnx_remat.remat.apply import _has_random_ops, _schedule
+
+        order = self._order if _has_random_ops(self.analysis) else None
+        bp.scheduled = _schedule(self.analysis, bp.rewrite, order, self.grad_accumulation)
+        bp.scheduled_estimate = estimate_rewritten(self.analysis, bp.scheduled.model)
+        return bp.written_peak <= budget
+
     def _solve(self, model_budget: int) -> Solution | None:
         return solve(self.problem, model_budget)
 
@@ -600,18 +636,18 @@ class BudgetPlanner:
             if fits and (best is None or bp.cost < best.cost):
                 best = bp
         for ref in refs:
-            if ref.peak <= budget and (best is None or ref.cost < best.cost):
+            if self._fits(ref, budget) and (best is None or ref.cost < best.cost):
                 best = ref
         if best is None:
             floor = self.floor()
-            if floor.peak <= budget:
+            if self._fits(floor, budget):
                 # the floor search found a plan the rounds for this budget did not: take it
                 # (a budget at the floor it names is never refused)
                 best = floor
         if best is None:
             raise RematError(
                 f"budget {format_bytes(budget)} is below the lowest planned peak onnx-remat reaches for this "
-                f"graph, {format_bytes(floor.peak)} ({floor.peak / base:.0%} of the unrewritten "
+                f"graph, {format_bytes(floor.written_peak)} ({floor.written_peak / base:.0%} of the unrewritten "
                 f"{format_bytes(base)}); nothing written"
             )
         notes = list(self.reference_notes)
@@ -641,7 +677,9 @@ class BudgetPlanner:
                         found.append(self.realize(s2))
         found += refs
         found.append(BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, []))
-        self._floor = min(found, key=lambda p: (p.peak, p.cost))
+        for candidate in found:
+            self._fits(candidate, 0)  # schedules it (where the planner schedules), for its written peak
+        self._floor = min(found, key=lambda p: (p.written_peak, p.cost))
         return self._floor
 
     def sweep(self, budgets: list[int] | None = None, points: int = 8) -> Sweep:
@@ -654,7 +692,7 @@ class BudgetPlanner:
             # denser towards the floor, where the trade-offs are; plus the references' peaks
             hi, lo = base, floor.peak
             grid = {int(lo + (hi - lo) * (i / (points - 1)) ** 2) for i in range(points)}
-            grid |= {r.peak for r in self.references() if lo <= r.peak <= hi}
+            grid |= {r.written_peak for r in self.references() if lo <= r.written_peak <= hi}
             budgets = sorted(grid, reverse=True)
         out = []
         for b in budgets:
@@ -716,7 +754,9 @@ def apply_budget(
     from onnx_remat.ortsim.registry import check_runtime_support
     from onnx_remat.remat.apply import ApplyResult, _has_random_ops, _schedule
 
-    planner = BudgetPlanner(analysis, profile=profile, dropout=dropout)
+    planner = BudgetPlanner(
+        analysis, profile=profile, dropout=dropout, schedule=schedule, grad_accumulation=grad_accumulation
+    )
     limit = parse_budget(budget, planner.baseline_peak)
     result = planner.plan(limit)
     chosen = result.chosen
@@ -732,9 +772,12 @@ def apply_budget(
         if schedule:
             from onnx_remat.estimate import estimate_rewritten
 
-            order = planner._order if _has_random_ops(analysis) else None
-            candidate = _schedule(analysis, rewrite, order, grad_accumulation)
-            est = estimate_rewritten(analysis, candidate.model)
+            if chosen.scheduled is not None:  # a reference plan the planner scheduled already
+                candidate, est = chosen.scheduled, chosen.scheduled_estimate
+            else:
+                order = planner._order if _has_random_ops(analysis) else None
+                candidate = _schedule(analysis, rewrite, order, grad_accumulation)
+                est = estimate_rewritten(analysis, candidate.model)
             if est.planned_peak_bytes <= chosen.peak:
                 scheduled, model, after = candidate, candidate.model, est
         check_runtime_support(model, "rewritten model")

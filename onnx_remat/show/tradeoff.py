@@ -34,8 +34,8 @@ def figure(sweep, *, title: str | None = None, measured=None, width: float = 7.0
     fig = Figure(figsize=(width, height), dpi=100)
     ax = fig.add_subplot(1, 1, 1)
     pts = sorted(
-        {(p.plan.added * 100, p.plan.peak / MiB) for p in sweep.points if p.plan is not None}
-        | {(0.0, sweep.baseline_peak / MiB), (sweep.floor.added * 100, sweep.floor.peak / MiB)}
+        {(p.plan.added * 100, p.plan.written_peak / MiB) for p in sweep.points if p.plan is not None}
+        | {(0.0, sweep.baseline_peak / MiB), (sweep.floor.added * 100, sweep.floor.written_peak / MiB)}
     )
     # the curve: for each added compute, the lowest peak found with at most that much
     frontier = []
@@ -58,7 +58,7 @@ def figure(sweep, *, title: str | None = None, measured=None, width: float = 7.0
         marker, color = _MARK.get(ref.source, ("^", "#555555"))
         ax.plot(
             [ref.added * 100],
-            [ref.peak / MiB],
+            [ref.written_peak / MiB],
             marker,
             color=color,
             ms=8,
@@ -77,11 +77,11 @@ def figure(sweep, *, title: str | None = None, measured=None, width: float = 7.0
             label="measured planned peak",
         )
     ax.axhline(sweep.baseline_peak / MiB, color="#888888", lw=0.8, ls=":", zorder=1)
-    ax.axhline(sweep.floor.peak / MiB, color="#888888", lw=0.8, ls="--", zorder=1)
+    ax.axhline(sweep.floor.written_peak / MiB, color="#888888", lw=0.8, ls="--", zorder=1)
     ax.annotate("unrewritten", (0, sweep.baseline_peak / MiB), textcoords="offset points", xytext=(4, -12), fontsize=8)
     ax.annotate(
-        f"lowest reachable {sweep.floor.peak / MiB:.1f} MiB",
-        (0, sweep.floor.peak / MiB),
+        f"lowest reachable {sweep.floor.written_peak / MiB:.1f} MiB",
+        (0, sweep.floor.written_peak / MiB),
         textcoords="offset points",
         xytext=(4, 4),
         fontsize=8,

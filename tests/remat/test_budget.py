@@ -121,3 +121,18 @@ def test_staged_reference_skipped_where_it_would_clone_quadratically(monkeypatch
     assert [r.source for r in planner.references()] == [PER_LAYER]
     result = planner.plan(100 * MiB)
     assert any("not estimated as a reference" in n for n in result.notes)
+
+
+def test_budgets_are_met_as_apply_writes_them_scheduled():
+    """apply(budget=) judges plans as it writes them, scheduled: at per-layer recompute's scheduled
+    peak (54.25 MiB on blocks10, 56.25 unscheduled) it takes per-layer at per-layer's cost, not a
+    dearer plan; the refusal names the scheduled floor, and a budget there is met."""
+    art = artifacts_dir("blocks10")
+    at_per_layer = onnx_remat.apply(art, budget=int(54.25 * MiB))
+    assert at_per_layer.budget.chosen.source == PER_LAYER
+    assert at_per_layer.estimate_after.planned_peak_bytes <= 54.25 * MiB < at_per_layer.budget.chosen.peak
+    with pytest.raises(RematError, match=r"lowest planned peak .*, (\d+\.\d) MiB") as refused:
+        onnx_remat.apply(art, budget="1MiB")
+    floor_mib = float(str(refused.value).split("reaches for this graph, ")[1].split(" MiB")[0])
+    at_floor = onnx_remat.apply(art, budget=f"{floor_mib + 0.05}MiB")
+    assert at_floor.estimate_after.planned_peak_bytes <= (floor_mib + 0.05) * MiB
