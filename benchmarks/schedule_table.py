@@ -1,7 +1,7 @@
 """The memory schedule on the corpus, measured: planned peaks and step times, scheduled against not.
 
-    python -m benchmarks.schedule_table [NAME ...] [--grad-accumulation inplace|early|sum]
-        [--gpt2-small DIR] [--steps 5] [--out benchmarks/results/schedule.md] [--cache DIR]
+    python -m benchmarks.schedule_table [NAME ...] [--grad-accumulation inplace|early|sum ...]
+        [--gpt2-small DIR] [--steps 10] [--out benchmarks/results/schedule.md] [--cache DIR]
 
 For each corpus model (models/corpus.py; exported into ``--cache`` when missing) and, with
 ``--gpt2-small DIR``, the GPT-2-small-width artifacts (``python -m models.export --corpus
@@ -10,8 +10,13 @@ gpt2_small_ts``), four graphs: the original, ``onnx_remat.schedule`` of it (no r
 comparisons (:func:`onnx_remat.runtime.compare.compare`, fresh processes, the same feeds and seed,
 loss and every gradient bit for bit) give the measured figures: original vs scheduled, and
 per-layer rewrite unscheduled vs scheduled. Step-time ratios come from those comparisons (both
-graphs of a pair measured in one run, ``--steps`` timed steps each), so machine speed cancels.
-The estimate (:mod:`onnx_remat.estimate`) of each graph is written beside its measured peak.
+graphs of a pair measured in one run, ``--steps`` timed steps each), so machine speed cancels;
+where the schedule leaves a graph unchanged, its first ratio times one graph against itself and
+shows the noise of the machine. The estimate (:mod:`onnx_remat.estimate`) of each graph is written
+beside its measured peak.
+
+``--grad-accumulation`` may be given several times: every model is then measured once per mode,
+except where a later mode writes the same graphs as the first (nothing to accumulate).
 
 Writes a Markdown table and prints it; the JSON beside it holds every figure.
 """
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -40,16 +46,26 @@ def _ratio(a: int | float | None, b: int | float | None) -> float | None:
     return None if not a or b is None else b / a
 
 
-def measure_one(name: str, src: Path, block_scope: str, grad_accumulation: str, steps: int) -> dict:
-    """The row of one model: its four graphs' planned peaks (measured, estimated) and time ratios."""
+def measure_one(
+    name: str, src: Path, block_scope: str, grad_accumulation: str, steps: int, seen: dict[str, bytes] | None = None
+) -> dict | None:
+    """The row of one model: its four graphs' planned peaks (measured, estimated) and time ratios.
+
+    ``seen``: the serialized scheduled graphs of an earlier mode of the same model; when this mode
+    writes the same bytes, nothing is measured and None comes back (else ``seen`` is filled)."""
     import onnx_remat
     from onnx_remat.runtime.compare import compare
 
     start = time.perf_counter()
     scheduled = onnx_remat.schedule(src, grad_accumulation=grad_accumulation)
     schedule_s = time.perf_counter() - start
-    plain = onnx_remat.apply(src, scopes=block_scope, schedule=False)
     remat = onnx_remat.apply(src, scopes=block_scope, grad_accumulation=grad_accumulation)
+    written = scheduled.model.SerializeToString() + remat.model.SerializeToString()
+    if seen is not None:
+        if seen.get(name) == written:
+            return None
+        seen.setdefault(name, written)
+    plain = onnx_remat.apply(src, scopes=block_scope, schedule=False)
     with tempfile.TemporaryDirectory() as tmp:
         out_s = scheduled.save(Path(tmp) / "scheduled")
         out_p = plain.save(Path(tmp) / "remat_plain")
@@ -68,7 +84,8 @@ def measure_one(name: str, src: Path, block_scope: str, grad_accumulation: str, 
         "estimate_scheduled": scheduled.estimate_after.planned_peak_bytes,
         "estimate_remat": plain.estimate_after.planned_peak_bytes if plain.estimate_after else None,
         "estimate_remat_scheduled": remat.estimate_after.planned_peak_bytes if remat.estimate_after else None,
-        "order": chosen.label if chosen else "unchanged",
+        "order": chosen.label if chosen and scheduled.schedule.changed else "unchanged",
+        "accumulated": [a.parameter for a in scheduled.schedule.accumulated],
         "clones_scheduled": sum(1 for n in scheduled.model.graph.node if n.name.endswith("/remat")),
         "step_time_scheduled_vs_original": c1.ratios.get("step_time_s"),
         "step_time_remat_scheduled_vs_unscheduled": c2.ratios.get("step_time_s"),
@@ -80,10 +97,10 @@ def measure_one(name: str, src: Path, block_scope: str, grad_accumulation: str, 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | planned peak: original → scheduled (ratio) | per layer: unscheduled → scheduled | "
+        "| model | accumulation | planned peak: original → scheduled (ratio) | per layer: unscheduled → scheduled | "
         "per layer / original | step time: scheduled / original, per layer scheduled / unscheduled "
         "| estimate error (largest of the four) | bit-identical | order |",
-        "|---|---|---|---:|---|---:|---|---|",
+        "|---|---|---|---|---:|---|---:|---|---|",
     ]
     for r in rows:
         ratio_s = _ratio(r["planned_original"], r["planned_scheduled"])
@@ -94,10 +111,13 @@ def table(rows: list[dict]) -> str:
             if r.get(f"estimate_{k}") and r.get(f"planned_{k}")
         ]
         t1, t2 = r["step_time_scheduled_vs_original"], r["step_time_remat_scheduled_vs_unscheduled"]
+        same = " (same graph)" if r["order"] == "unchanged" and not r.get("accumulated") else ""
+        acc = r["grad_accumulation"] + (f" ({len(r['accumulated'])} summed in place)" if r.get("accumulated") else "")
         lines.append(
-            f"| {r['name']} | {_mib(r['planned_original'])} → {_mib(r['planned_scheduled'])} MiB (x{ratio_s:.2f}) "
-            f"| {_mib(r['planned_remat'])} → {_mib(r['planned_remat_scheduled'])} MiB | x{ratio_r:.2f} "
-            f"| x{t1:.2f}, x{t2:.2f} | {max(errors, default=0):.2%} "
+            f"| {r['name']} | {acc} | {_mib(r['planned_original'])} → {_mib(r['planned_scheduled'])} MiB "
+            f"(x{ratio_s:.2f}) | {_mib(r['planned_remat'])} → {_mib(r['planned_remat_scheduled'])} MiB "
+            f"| x{ratio_r:.2f} "
+            f"| x{t1:.2f}{same}, x{t2:.2f} | {max(errors, default=0):.2%} "
             f"| {'yes' if r['equal_scheduled'] and r['equal_remat'] else 'NO'} | {r['order']} |"
         )
     return "\n".join(lines)
@@ -106,9 +126,14 @@ def table(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.schedule_table", description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", help="corpus models (default: all)")
-    parser.add_argument("--grad-accumulation", default="inplace", choices=["inplace", "early", "sum"])
+    parser.add_argument(
+        "--grad-accumulation",
+        action="append",
+        choices=["inplace", "early", "sum"],
+        help="gradient accumulation mode of the schedule (repeatable; default: inplace)",
+    )
     parser.add_argument("--gpt2-small", type=Path, help="artifacts of the GPT-2-small-width graph (a row of its own)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per graph and comparison")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per graph and comparison")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown output (JSON beside it)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the corpus exports are kept")
     args = parser.parse_args(argv)
@@ -125,21 +150,32 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((name, args.cache / name, spec.block_scope))
     if args.gpt2_small:
         jobs.append(("gpt2_small_ts", args.gpt2_small, "GPT2Block"))
+    modes = args.grad_accumulation or ["inplace"]
     rows = []
+    seen: dict[str, bytes] = {}
     for name, src, scope in jobs:
-        row = measure_one(name, src, scope, args.grad_accumulation, args.steps)
-        print(f"{name}: {json.dumps(row)}", file=sys.stderr, flush=True)
-        rows.append(row)
+        for mode in modes:
+            row = measure_one(name, src, scope, mode, args.steps, seen)
+            if row is None:
+                print(
+                    f"{name} ({mode}): the same graphs as {modes[0]}, not measured again", file=sys.stderr, flush=True
+                )
+                continue
+            print(f"{name}: {json.dumps(row)}", file=sys.stderr, flush=True)
+            rows.append(row)
     text = table(rows)
     header = (
         f"# The memory schedule, measured\n\nRecorded {time.strftime('%Y-%m-%d')} on {platform.machine()} "
-        f"({platform.processor() or 'cpu'}), onnxruntime-training 1.19.2 (CPU), gradient accumulation "
-        f"`{args.grad_accumulation}`, by `python -m benchmarks.schedule_table`.\n\n"
+        f"({platform.processor() or 'cpu'}, {os.cpu_count()} cores, shared), onnxruntime-training 1.19.2 (CPU), "
+        f"{args.steps} timed steps per graph, by `python -m benchmarks.schedule_table`. Planned peaks are "
+        "onnxruntime's (byte-identical run to run); step-time ratios are medians of two graphs measured "
+        'one after the other in one run, and "(same graph)" marks a graph the schedule left unchanged, '
+        "timed against itself: the noise of this machine.\n\n"
     )
     from onnx_remat.model_io import write_file
 
-    write_file(args.out, header + text + "\n")
-    write_file(args.out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n")
+    write_file(args.out, header + text + "\n", force=True)  # a result to regenerate
+    write_file(args.out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n", force=True)
     print(text)
     return 0 if all(r["equal_scheduled"] and r["equal_remat"] for r in rows) else 1
 

@@ -52,7 +52,8 @@ def accumulation_option(f):
 @click.option("--force", is_flag=True, help="Replace existing output files or artifacts directories (never an input).")
 @accumulation_option
 @json_option
-def command(model, dims, output, force, grad_accumulation, json_out):
+@click.option("-q", "--quiet", is_flag=True, help="Print only where the result was written (no estimate).")
+def command(model, dims, output, force, grad_accumulation, json_out, quiet):
     """Give MODEL an execution order with a lower planned peak; nothing is recomputed.
 
     onnxruntime runs a graph in an order it derives from the node list. This command tries
@@ -75,7 +76,8 @@ def command(model, dims, output, force, grad_accumulation, json_out):
         outs.claim(json_out, "--json")
         result = onnx_remat.schedule(model, grad_accumulation=grad_accumulation, dims=dims_from(dims))
         written = result.save(out_path, force=force)
-        print_schedule(result)
+        if not quiet:
+            print_schedule(result)
         console.print(f"wrote {written}")
         write_json({**result.summary(), "output": str(written)}, json_out, force=force)
 
