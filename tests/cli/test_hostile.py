@@ -531,6 +531,15 @@ main(sys.argv[3:])
 """
 
 
+def _foreground_signals() -> None:
+    """preexec_fn: the child starts with SIGINT and SIGTERM at their defaults, as from a terminal.
+    The suite may itself run as a background job of a non-interactive shell, which starts with
+    SIGINT ignored; the console script keeps an inherited "ignore" (nohup semantics), so the
+    signal tests would otherwise wait for a child that cannot be interrupted."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("where, output", [("copy", "R"), ("model", "r.onnx")], ids=["mid-copy", "before-rename"])
 def test_signal_mid_write_leaves_nothing(work, tmp_path, sig, where, output):
@@ -545,6 +554,7 @@ def test_signal_mid_write_leaves_nothing(work, tmp_path, sig, where, output):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=_foreground_signals,
     )
     deadline = time.time() + 120
     while not marker.exists() and proc.poll() is None and time.time() < deadline:
@@ -572,6 +582,7 @@ def test_signal_at_any_moment_of_apply(work, sig):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=_foreground_signals,
         )
         time.sleep(delay)
         proc.send_signal(sig)
@@ -605,7 +616,12 @@ def test_ctrl_c_while_modules_import(work, delay):
     interpreter starts; onnx, numpy and rich take another half second to import): Ctrl-C prints
     "interrupted", exit status 130, no traceback."""
     proc = subprocess.Popen(
-        [*SCRIPT, "scopes", "M"], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*SCRIPT, "scopes", "M"],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_foreground_signals,
     )
     deadline = time.time() + 30
     while not _handlers_installed(proc.pid) and proc.poll() is None and time.time() < deadline:
@@ -628,6 +644,7 @@ def test_sigterm_while_measuring_removes_worker_files(work, tmp_path):
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ, TMPDIR=str(tmpdir)),
+        preexec_fn=_foreground_signals,
     )
     deadline = time.time() + 60
     while not any(tmpdir.rglob("spec-*.json")) and proc.poll() is None and time.time() < deadline:
