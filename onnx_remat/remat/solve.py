@@ -208,16 +208,34 @@ def quantum_for(budget: int, steps: int = 2048) -> int:
     return max(256, math.ceil(budget / steps / 256) * 256)
 
 
+def _quantized(problem: Problem, budget: int, quantum: int | None):
+    """The quantum, the budget in quanta, the rotor tables, each unit's boundary and kept bytes in
+    quanta: what :func:`solve` and :func:`solve_milp` share."""
+    q = quantum or quantum_for(budget)
+    K = budget // q
+    units = problem.units
+    tables = _Tables(units, q, K)
+    b = [_q(u.boundary, q) for u in units]
+    kept_run = [_q(u.layer[2], q) if u.layer else 0 for u in units]
+    return q, K, tables, b, kept_run
+
+
+def _group_starts(problem: Problem, k: int):
+    """First units ``a < k`` of the rotor groups ``a..k`` that end at layer ``k``, nearest first."""
+    units = problem.units
+    a = k
+    while a > 0 and k - a + 1 < problem.max_group and units[a - 1].joins_next and units[a - 1].layer:
+        a -= 1
+        yield a
+
+
 def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution | None:
     """The cheapest plan fitting ``budget`` bytes in the model, or None when none does."""
     if problem.outside_need > budget:
         return None
-    q = quantum or quantum_for(budget)
-    K = budget // q
+    q, K, tables, b, kept_run = _quantized(problem, budget, quantum)
     units = problem.units
     n = len(units)
-    tables = _Tables(units, q, K)
-    b = [_q(u.boundary, q) for u in units]
     hb = tables.b
     best = [np.full(K + 1, INF) for _ in range(n + 1)]
     best[0][0] = 0.0
@@ -239,7 +257,6 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
         code[k_to][add : add + hi + 1] = np.where(better, c, code[k_to][add : add + hi + 1])
         prev[k_to][add : add + hi + 1] = np.where(better, np.arange(hi + 1), prev[k_to][add : add + hi + 1])
 
-    kept_run = [_q(u.layer[2], q) if u.layer else 0 for u in units]
     for k, u in enumerate(units):
         fw = _q(u.fw_need, q)
         for oi, (cost, need, kept) in enumerate(u.options):
@@ -247,12 +264,7 @@ def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution
             relax(k + 1, best[k], _q(kept, q) + b[k], lim, float(cost), oi)
         if u.layer is None:
             continue
-        # groups a..k
-        sig = 0
-        fw_lim = K
-        a = k
-        while a > 0 and k - a + 1 < problem.max_group and units[a - 1].joins_next and units[a - 1].layer:
-            a -= 1
+        for a in _group_starts(problem, k):
             # group a..k: forward needs, kept bytes
             extra = _q(units[a].input_extra, q)
             sig = sum(kept_run[a : k + 1]) + extra
@@ -376,14 +388,10 @@ def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_l
 
     if problem.outside_need > budget:
         return None
-    q = quantum or quantum_for(budget)
-    K = budget // q
+    q, K, tables, b, kept_run = _quantized(problem, budget, quantum)
     units = problem.units
     n = len(units)
-    tables = _Tables(units, q, K)
-    b = [_q(u.boundary, q) for u in units]
     hb = tables.b
-    kept_run = [_q(u.layer[2], q) if u.layer else 0 for u in units]
     # columns: (first, last, option | None, cost, stored after, kind data)
     cols: list[dict] = []
     for k, u in enumerate(units):
@@ -392,9 +400,7 @@ def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_l
     for k, u in enumerate(units):
         if u.layer is None:
             continue
-        a = k
-        while a > 0 and k - a + 1 < problem.max_group and units[a - 1].joins_next and units[a - 1].layer:
-            a -= 1
+        for a in _group_starts(problem, k):
             extra = _q(units[a].input_extra, q)
             sig = sum(kept_run[a : k + 1]) + extra
             rot, _ = tables.get(a, k)

@@ -27,7 +27,6 @@ import os
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 from onnx_remat.errors import RematError, one_line
@@ -150,31 +149,9 @@ def run_profile(spec: dict, emit) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Worker entry point: read the spec, profile, write one JSON result line to stdout."""
-    argv = sys.argv[1:] if argv is None else argv
-    proto = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    from onnx_remat.runtime.worker import serve
 
-    def send(obj: dict) -> None:
-        proto.write(json.dumps(obj) + "\n")
-        proto.flush()
-
-    def emit(phase: str, index: int, total: int, seconds: float | None) -> None:
-        send({"progress": {"phase": phase, "index": index, "total": total, "seconds": seconds}})
-
-    try:
-        spec = json.loads(Path(argv[0]).read_text())
-        send({"result": run_profile(spec, emit)})
-        return 0
-    except RematError as exc:
-        send({"error": {"exit_code": exc.exit_code, "kind": type(exc).__name__, "message": str(exc)}})
-        return exc.exit_code
-    except Exception as exc:
-        traceback.print_exc()
-        send({"error": {"exit_code": None, "kind": type(exc).__name__, "message": one_line(exc)}})
-        return 1
-    finally:
-        proto.close()
+    return serve(sys.argv[1:] if argv is None else argv, run_profile)
 
 
 if __name__ == "__main__":

@@ -344,9 +344,10 @@ def run_outputs(spec: dict, emit) -> dict:
     return {"output_names": names, "onnxruntime": ort.__version__}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: read the spec, run it, write JSON lines to the original stdout."""
-    argv = sys.argv[1:] if argv is None else argv
+def serve(argv: list[str], run) -> int:
+    """A worker process's protocol: read the spec (``argv[0]``), ``run(spec, emit)``, and write
+    JSON lines to the original stdout: progress events, then the result or a one-line error.
+    Shared by this module's runners and :mod:`onnx_remat.runtime.profile`."""
     # The protocol gets a private copy of stdout; anything else printed goes to stderr.
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
@@ -361,8 +362,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         spec = json.loads(Path(argv[0]).read_text())
-        runner = {"arena": run_arena, "live": run_live, "outputs": run_outputs}[spec["kind"]]
-        send({"result": runner(spec, emit)})
+        send({"result": run(spec, emit)})
         return 0
     except RematError as exc:
         send({"error": {"exit_code": exc.exit_code, "kind": type(exc).__name__, "message": str(exc)}})
@@ -373,6 +373,12 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         proto.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: read the spec, run the runner its ``kind`` names (:func:`serve`)."""
+    runners = {"arena": run_arena, "live": run_live, "outputs": run_outputs}
+    return serve(sys.argv[1:] if argv is None else argv, lambda spec, emit: runners[spec["kind"]](spec, emit))
 
 
 if __name__ == "__main__":
