@@ -16,6 +16,12 @@ architecture    what it exercises                                         export
 ``bart``        encoder-decoder, cross-attention, post-LN, learned pos.    TorchScript 17
 ``vit``         vision transformer (patch Conv, CLS token, pre-LN)         TorchScript 17, dynamo
 ``resnet``      CNN: conv stem with BatchNorm and max-pool, basic blocks   TorchScript 17
+``gptneox``     parallel residual (attention and MLP off one input, each   TorchScript 17, dynamo
+                ending in its dropout), partial rotary (25%)
+``convnext``    depthwise 7x7 convolutions, channels-last LayerNorm,        TorchScript 17
+                inverted MLP, layer scale, Sequential-held layers
+``swin``        windowed attention with shifted windows, relative position  TorchScript 17
+                bias, patch merging, dropout
 ``mlp``         MLP with dropout (GELU, LayerNorm) and a residual          TorchScript 17, dynamo
 ==============  ========================================================  ======================
 
@@ -70,7 +76,7 @@ def _takes_cache(model: nn.Module) -> bool:
     return bool(
         getattr(model.config, "is_decoder", False)
         or getattr(model.config, "is_encoder_decoder", False)
-        or model.config.model_type in ("gpt2", "llama")
+        or model.config.model_type in ("gpt2", "llama", "gpt_neox")
     )
 
 
@@ -327,6 +333,86 @@ _SPECS: list[ModelSpec] = [
         block_scope="ResNetBasicLayer",
         blocks=lambda m: [b for s in m.model.resnet.encoder.stages for b in s.layers],
         description="ResNet (HF): conv7x7-BN-ReLU-maxpool stem, 3 stages x 2 basic blocks, 64x64 images",
+        exporters=(TS17,),
+    ),
+    *_arch(
+        "gptneox",
+        build=_hf(
+            "GPTNeoXForCausalLM",
+            "GPTNeoXConfig",
+            num_hidden_layers=4,
+            hidden_size=256,
+            num_attention_heads=4,
+            intermediate_size=512,
+            vocab_size=VOCAB,
+            max_position_embeddings=SEQ,
+            rotary_pct=0.25,
+            use_parallel_residual=True,
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+        ),
+        inputs=lambda: (_ids(1, (BATCH, SEQ)),),
+        target=lambda: _ids(2, (BATCH * SEQ,)),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_ids",),
+        block_scope="GPTNeoXLayer",
+        blocks=lambda m: list(m.model.gpt_neox.layers),
+        description="GPT-NeoX decoder LM: parallel residual (attention and MLP off one input, each with dropout), "
+        "partial rotary (25%), 4 layers, width 256",
+        exporters=(TS17, DYNAMO),
+    ),
+    *_arch(
+        "convnext",
+        build=_hf(
+            "ConvNextForImageClassification",
+            "ConvNextConfig",
+            num_channels=3,
+            patch_size=4,
+            num_stages=2,
+            hidden_sizes=[32, 64],
+            depths=[2, 2],
+            num_labels=10,
+            image_size=32,
+            drop_path_rate=0.0,
+        ),
+        inputs=lambda: (torch.randn(BATCH, 3, 32, 32, generator=_seeded(1)),),
+        target=lambda: _ids(2, (BATCH,), 10),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("pixel_values",),
+        block_scope="ConvNextLayer",
+        blocks=lambda m: [b for s in m.model.convnext.encoder.stages for b in s.layers],
+        description="ConvNeXt: depthwise 7x7 convolutions, channels-last LayerNorm, inverted MLP, layer scale; "
+        "2 stages x 2 layers, 32x32 images",
+        exporters=(TS17,),
+    ),
+    *_arch(
+        "swin",
+        build=_hf(
+            "SwinForImageClassification",
+            "SwinConfig",
+            image_size=32,
+            patch_size=2,
+            num_channels=3,
+            embed_dim=32,
+            depths=[2, 2],
+            num_heads=[2, 4],
+            window_size=4,
+            num_labels=10,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+            drop_path_rate=0.0,
+        ),
+        inputs=lambda: (torch.randn(BATCH, 3, 32, 32, generator=_seeded(1)),),
+        target=lambda: _ids(2, (BATCH,), 10),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("pixel_values",),
+        block_scope="SwinLayer",
+        blocks=lambda m: [b for s in m.model.swin.encoder.layers for b in s.blocks],
+        description="Swin: windowed self-attention with shifted windows and relative position bias, patch merging; "
+        "2 stages x 2 layers, dropout 0.1",
         exporters=(TS17,),
     ),
     *_arch(

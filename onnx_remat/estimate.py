@@ -64,17 +64,14 @@ from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import is_gradient_node_name
-from onnx_remat.ortsim.graph import RuntimeGraph, runtime_graph
-from onnx_remat.ortsim.optimizer import optimize
-from onnx_remat.ortsim.order import order_from_names
-from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
-from onnx_remat.ortsim.shapes import infer_runtime_shapes
+from onnx_remat.ortsim.emulation import Emulation, emulate
+from onnx_remat.ortsim.graph import RuntimeGraph
+from onnx_remat.ortsim.planner import MemoryPlan
 
 if TYPE_CHECKING:
     from onnx_remat.remat.apply import ApplyResult
 
 FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
-DEFAULT_ORDER = "onnxruntime DEFAULT order (emulated)"
 
 
 @dataclass
@@ -252,29 +249,24 @@ def estimate_graph(
     execution_order: Sequence[str] | None = None,
     runtime_optimizations: bool = True,
 ) -> tuple[MemoryEstimate, MemoryPlan, RuntimeGraph]:
-    """Estimate one training graph. ``sizes`` is extended with the runtime's shapes.
+    """Estimate one training graph (``sizes``: its tensor sizes; not changed).
 
     ``regions`` maps node names to forward/backward/recompute (names not listed: by gradient
     naming); ``scope_of_tensor`` names the scope of a tensor's producer for the peak listing;
     ``execution_order`` (node names as onnxruntime ran them) replaces the emulated order.
+    Returns the estimate, the allocation plan and the graph onnxruntime runs.
     """
+    emu = emulate(model, sizes, optimizations=runtime_optimizations, execution_order=execution_order)
+    return memory_estimate(emu, regions=regions, scope_of_tensor=scope_of_tensor), emu.plan, emu.rg
+
+
+def memory_estimate(
+    emu: Emulation, *, regions: dict[str, str] | None = None, scope_of_tensor: dict[str, str] | None = None
+) -> MemoryEstimate:
+    """The :class:`MemoryEstimate` of an emulated graph (``regions`` and ``scope_of_tensor`` as
+    :func:`estimate_graph` takes them): a query on the emulation, which is not run again."""
     regions = regions or {}
-    infer_runtime_shapes(model, sizes)
-    rg = runtime_graph(model, sizes)
-    if runtime_optimizations:
-        optimize(rg)
-    matched = None
-    if execution_order is not None:
-        live = rg.live()
-        producers = {n.index: rg.producers_of(n) for n in live}
-        order, matched = order_from_names(
-            [n.index for n in live], producers, {n.index: n.name for n in live}, list(execution_order)
-        )
-        source = f"given order ({matched} of {len(live)} nodes matched by name)"
-    else:
-        order = rg.default_order()
-        source = DEFAULT_ORDER
-    plan = plan_memory(rg, order)
+    rg, plan, order = emu.rg, emu.plan, emu.order
     node_region = {}
     steps: list[Step] = []
     for k, i in enumerate(order):
@@ -296,7 +288,7 @@ def estimate_graph(
             )
         )
     outside = sorted(((n, plan.tensors[n].nbytes or 0) for n in plan.dynamic), key=lambda x: -x[1])
-    est = MemoryEstimate(
+    return MemoryEstimate(
         planned_peak_bytes=plan.planned_peak_bytes,
         peak_live_bytes=plan.peak_live_bytes,
         peak_step=peak,
@@ -304,12 +296,11 @@ def estimate_graph(
         live_at_peak=at_peak,
         outside_block=outside,
         unknown=list(plan.unknown),
-        order_source=source,
+        order_source=emu.order_source,
         runtime_rewrites=dict(rg.rewrites),
-        matched_order_nodes=matched,
-        order_names=[name for i in order for name in rg.at(i).origin],
+        matched_order_nodes=emu.matched_order_nodes,
+        order_names=list(emu.names_in_order),
     )
-    return est, plan, rg
 
 
 def _scope_lookup(scope_of_tensor: dict[str, str], tensor: str) -> str | None:
@@ -335,20 +326,19 @@ def _regions(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> d
     return out
 
 
+def estimate_emulated(analysis: ModelAnalysis, emu: Emulation) -> MemoryEstimate:
+    """The estimate of an emulated graph that is ``analysis``'s own or a rewrite of it (clones and
+    barriers count as "recompute"): a query on ``emu``, which is not emulated again."""
+    return memory_estimate(emu, regions=_regions(analysis, emu.model), scope_of_tensor=_scope_of_tensor(analysis))
+
+
 def estimate_original(
     analysis: ModelAnalysis, *, execution_order: Sequence[str] | None = None, runtime_optimizations: bool = True
 ) -> MemoryEstimate:
     """The estimate of the analysed graph itself (see :func:`estimate_graph` for the arguments)."""
     check_dims(analysis)
-    est, _, _ = estimate_graph(
-        analysis.model,
-        analysis.sizes.copy(),
-        regions=_regions(analysis),
-        scope_of_tensor=_scope_of_tensor(analysis),
-        execution_order=execution_order,
-        runtime_optimizations=runtime_optimizations,
-    )
-    return est
+    emu = emulate(analysis.model, analysis.sizes, optimizations=runtime_optimizations, execution_order=execution_order)
+    return estimate_emulated(analysis, emu)
 
 
 def estimate_rewritten(
@@ -360,15 +350,13 @@ def estimate_rewritten(
 ) -> MemoryEstimate:
     """The estimate of ``model``, a rewrite of the analysed graph (clones count as "recompute")."""
     check_dims(analysis)
-    est, _, _ = estimate_graph(
+    emu = emulate(
         model,
         TensorSizes(model, analysis.sizes.dims),
-        regions=_regions(analysis, model),
-        scope_of_tensor=_scope_of_tensor(analysis),
+        optimizations=runtime_optimizations,
         execution_order=execution_order,
-        runtime_optimizations=runtime_optimizations,
     )
-    return est
+    return estimate_emulated(analysis, emu)
 
 
 def _scope_of_tensor(analysis: ModelAnalysis) -> dict[str, str]:
@@ -556,7 +544,9 @@ __all__ = [
     "Step",
     "check_dims",
     "estimate",
+    "estimate_emulated",
     "estimate_graph",
     "estimate_original",
     "estimate_rewritten",
+    "memory_estimate",
 ]

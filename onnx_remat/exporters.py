@@ -304,7 +304,7 @@ def _op_label(node: onnx.NodeProto) -> str:
     return f"{node.domain}.{node.op_type}"
 
 
-def _resolve_module_paths(components: list[str], modules: dict[str, Any]) -> list[str] | None:
+def resolve_module_paths(components: list[str], modules: dict[str, Any]) -> list[str] | None:
     """Full module paths for the scope components of a TorchScript node name, or None.
 
     TorchScript names a scope mostly relative to its parent scope (``/blocks.0/drop/Dropout``:
@@ -312,7 +312,9 @@ def _resolve_module_paths(components: list[str], modules: dict[str, Any]) -> lis
     running ``.``-join; but children with numeric names appear with their full path
     (``/seq/seq.0/Gemm``, ``/layers.0/layers.0.1/bn1/...`` for a Sequential's children), so a
     component that is itself a full ``named_modules()`` key is taken as such when the join is
-    not one.
+    not one; and a Sequential's child is named relative to the Sequential's parent
+    (``/stages.0/layers/layers.0/dwconv``: ``stages.0.layers.0``, seen in ConvNeXt), so the
+    join with the parent of the running path is tried last.
     """
     paths: list[str] = []
     prefix = ""
@@ -320,10 +322,13 @@ def _resolve_module_paths(components: list[str], modules: dict[str, Any]) -> lis
         if not comp:
             return None
         candidate = f"{prefix}.{comp}" if prefix else comp
+        beside = f"{prefix.rsplit('.', 1)[0]}.{comp}" if "." in prefix else None
         if candidate in modules:
             prefix = candidate
         elif comp in modules:
             prefix = comp
+        elif beside is not None and beside in modules:
+            prefix = beside
         else:
             return None
         paths.append(prefix)
@@ -369,7 +374,7 @@ def annotate_scopes(model: onnx.ModelProto, module: Any, *, overwrite: bool = Fa
             parts = node.name.split("/")[1:]
             if not parts or not parts[-1]:
                 continue
-            paths = _resolve_module_paths(parts[:-1], modules)
+            paths = resolve_module_paths(parts[:-1], modules)
             if paths is None:
                 continue
             scopes = ["", *paths, parts[-1]]

@@ -10,6 +10,14 @@ the corpus or the fuzzer (benchmarks/fuzz.py), and a helper that makes their art
 * :class:`TanhNormNet`: BatchNorm over the transposed sequence and Tanh, repeated (fuzz model
   148): a fence between Tanh and the next Transpose kept the TransposeOptimizer from cancelling
   Transposes, and the planned peak rose.
+* :class:`ParallelNet`: GPT-NeoX's parallel residual, ``x + Dropout(attn(LN1(x))) +
+  Dropout(mlp(LN2(x)))`` with a dropout inside the attention too: two sibling branches off one
+  input, each holding random ops. onnxruntime's DEFAULT order runs the branch later in the node
+  list first, so the draw order differs from the node-list order; the random-op pins, placed right
+  before each random op, broke the node list's topological order (an internal error on every
+  apply of GPT-NeoX).
+* :class:`DropResidualNet`: ``Dropout(x) + Dropout(Linear(x))``: random ops in both branches of a
+  residual.
 """
 
 from __future__ import annotations
@@ -102,6 +110,69 @@ class TanhNormNet(nn.Module):
 
     def forward(self, x):
         x = self.embed(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+class Branch(nn.Module):
+    """A branch of a parallel block: Linear, softmax over features, dropout, Linear."""
+
+    def __init__(self, width: int, p: float) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.drop = nn.Dropout(p)
+        self.out = nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.out(self.drop(torch.softmax(self.inp(x), dim=-1)))
+
+
+class ParallelBlock(nn.Module):
+    def __init__(self, width: int, p: float = 0.1) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.ln2 = nn.LayerNorm(width)
+        self.attn = Branch(width, p)
+        self.mlp = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+        self.attn_drop = nn.Dropout(p)
+        self.mlp_drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return x + self.attn_drop(self.attn(self.ln1(x))) + self.mlp_drop(self.mlp(self.ln2(x)))
+
+
+class ParallelNet(nn.Module):
+    def __init__(self, width: int = 64, blocks: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Linear(width, width)
+        self.blocks = nn.ModuleList(ParallelBlock(width) for _ in range(blocks))
+
+    def forward(self, x):
+        x = self.embed(x)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class DropResidual(nn.Module):
+    def __init__(self, width: int, p: float = 0.2) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.skip_drop = nn.Dropout(p)
+        self.drop = nn.Dropout(p)
+
+    def forward(self, x):
+        return self.skip_drop(x) + self.drop(torch.relu(self.fc(x)))
+
+
+class DropResidualNet(nn.Module):
+    def __init__(self, width: int = 64, blocks: int = 3) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(DropResidual(width) for _ in range(blocks))
+        self.head = nn.Linear(width, width)
+
+    def forward(self, x):
         for b in self.blocks:
             x = b(x)
         return self.head(x)

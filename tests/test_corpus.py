@@ -119,3 +119,20 @@ def test_recomputed_tensors_do_not_outlive_their_segment(corpus):
         outputs = [o for c in seg.clones for o in clones_of[c].output if o]
         last = max(position[r] for o in outputs for r in readers.get(o, ()) if r in position)
         assert last < end, (seg.label, start, last, end)
+
+
+def test_parallel_residual_decoder_estimates_and_meets_a_budget(corpus, tmp_path):
+    """GPT-NeoX (attention and MLP off one input, each ending in a dropout): the estimate with a
+    selection and a memory budget both rewrite it (once an internal error), and the budget's
+    rewrite runs bit-identically within the budget."""
+    from onnx_remat.estimate import estimate
+
+    src = corpus("gptneox_ts")
+    est = estimate(src, scopes="GPTNeoXLayer")
+    assert est.after is not None and est.after.planned_peak_bytes < est.before.planned_peak_bytes
+    result = onnx_remat.apply(src, budget="85%")
+    budget = int(0.85 * result.estimate_before.planned_peak_bytes)
+    assert result.rewrite.segments and result.estimate_after.planned_peak_bytes <= budget
+    c = compare(src, result.save(tmp_path / "budget"), steps=1, warmup=1, live=False)
+    assert c.equal, (c.mismatched[:5], c.equality_run)
+    assert c.b.planned_peak_bytes <= budget

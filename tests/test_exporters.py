@@ -446,3 +446,19 @@ def test_annotated_eval_model_keeps_scopes_and_training_model_keeps_names(ts_exp
         if node.name in scoped and node.op_type not in ("Constant", "BatchNormalization"):
             assert node.name in training_names, node.name
     assert "/bn/BatchNormalization_BatchNormInternal" in training_names
+
+
+def test_sequential_children_named_beside_the_sequential_resolve():
+    """TorchScript names a Sequential's children relative to the Sequential's parent (ConvNeXt's
+    ``/stages.0/layers/layers.0/dwconv/Conv`` is module ``stages.0.layers.0.dwconv``)."""
+    from onnx_remat.exporters import resolve_module_paths
+
+    modules = dict.fromkeys(["stages", "stages.0", "stages.0.layers", "stages.0.layers.0", "stages.0.layers.0.dwconv"])
+    parts = ["stages.0", "layers", "layers.0", "dwconv"]
+    assert resolve_module_paths(parts, modules) == [
+        "stages.0",
+        "stages.0.layers",
+        "stages.0.layers.0",
+        "stages.0.layers.0.dwconv",
+    ]
+    assert resolve_module_paths(["stages.0", "layers", "nothing"], modules) is None

@@ -21,12 +21,14 @@ import onnx
 
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError, UsageError
+from onnx_remat.graph.random_order import random_ops
 from onnx_remat.model_io import remat_output, save_model, write_artifacts
-from onnx_remat.ortsim.optimizer import execution_order
+from onnx_remat.ortsim.emulation import Emulation, emulate
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
-from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode, is_random
+from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
+from onnx_remat.scheduling.schedule import OrderedGraph, order_rewrite
 from onnx_remat.units import format_bytes, plural
 
 if TYPE_CHECKING:
@@ -130,11 +132,8 @@ SEED_NOTE = (
 )
 
 
-def _has_random_ops(analysis: ModelAnalysis) -> bool:
-    return sum(1 for n in analysis.graph.forward_nodes if is_random(n)) > 1
-
-
-def _as_list(value: str | Iterable[str] | None) -> list[str]:
+def as_list(value: str | Iterable[str] | None) -> list[str]:
+    """A selection argument as a list: comma-separated strings split, blanks dropped."""
     if value is None:
         return []
     if isinstance(value, str):
@@ -156,9 +155,9 @@ def plan(
 ) -> RecomputePlan:
     """The recompute plan for a selection, without rewriting (used by ``apply`` and ``estimate``)."""
     selection = Selection(
-        scopes=_as_list(scopes),
-        op_types=_as_list(op_types),
-        nodes=list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes),
+        scopes=as_list(scopes),
+        op_types=as_list(op_types),
+        nodes=list(nodes) if isinstance(nodes, (list, tuple)) else as_list(nodes),
         recompute_outputs=recompute_outputs,
     )
     return Planner(analysis.graph, analysis.scopes, analysis.sizes, dropout=dropout).plan(selection)
@@ -220,7 +219,7 @@ def apply(
     :func:`onnx_remat.remat.cost.node_costs`). ``ApplyResult.budget`` says how; a budget below the
     lowest reachable peak raises a RematError naming that peak.
     """
-    from onnx_remat.estimate import check_dims, estimate_original, estimate_rewritten
+    from onnx_remat.estimate import check_dims, estimate_emulated
     from onnx_remat.scheduling.accumulate import MODES
 
     if grad_accumulation not in MODES:
@@ -229,7 +228,7 @@ def apply(
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_not_rewritten(analysis.graph)
     if budget is not None:
-        if any(_as_list(x) for x in (scopes, op_types)) or nodes or recompute_outputs:
+        if any(as_list(x) for x in (scopes, op_types)) or nodes or recompute_outputs:
             raise UsageError("give a budget or a selection (scopes, op types, nodes), not both")
         from onnx_remat.remat.budget import apply_budget
 
@@ -242,23 +241,96 @@ def apply(
             grad_accumulation=grad_accumulation,
         )
     notes: list[str] = []
-    before = None
-    if check_peak:
-        try:
-            before = estimate_original(analysis)
-        except RematError as exc:
-            notes.append(f"the planned peak was not checked: {exc}")
-    if schedule:
-        try:
-            check_dims(analysis)
-        except RematError as exc:
-            schedule = False
-            notes.append(f"the rewrite was not scheduled: {exc}")
-    order = _runtime_order(before, analysis) if _has_random_ops(analysis) else None
+    try:
+        check_dims(analysis)
+        unbound = None
+    except RematError as exc:
+        unbound = str(exc)
+    if check_peak and unbound:
+        notes.append(f"the planned peak was not checked: {unbound}")
+    if schedule and unbound:
+        schedule = False
+        notes.append(f"the rewrite was not scheduled: {unbound}")
+    # The input graph is emulated once, where needed: for its planned peak, and for the order its
+    # random ops draw in, which every rewrite keeps (the order needs no sizes).
+    check_peak = check_peak and not unbound
+    original = emulate(analysis.model, analysis.sizes) if check_peak or len(random_ops(analysis.model)) > 1 else None
+    before = estimate_emulated(analysis, original) if check_peak and original is not None else None
 
-    full_plan = plan(
-        analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=dropout
+    def planned(mode: str) -> RecomputePlan:
+        return plan(
+            analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=mode
+        )
+
+    checked = _rewrite_checked(
+        analysis,
+        planned(dropout),
+        original,
+        before,
+        schedule,
+        grad_accumulation,
+        dropout_seed,
     )
+    if checked.rewrite.packed_masks and checked.after is not None:
+        # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
+        # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
+        # earlier block's masks again), the masks stay bytes.
+        byte = _rewrite_checked(analysis, planned("byte"), original, before, schedule, grad_accumulation, 0)
+        assert byte.after is not None
+        if byte.after.planned_peak_bytes < checked.after.planned_peak_bytes:
+            notes.append(
+                "dropout masks kept at one byte per element: packing them raises the estimated planned peak "
+                f"({format_bytes(checked.after.planned_peak_bytes)} against "
+                f"{format_bytes(byte.after.planned_peak_bytes)})"
+            )
+            checked = byte
+    result_model = checked.ordered.model
+    check_runtime_support(result_model, "rewritten model")
+    rewrite = checked.rewrite
+    if rewrite.dropout_seeds:
+        notes.append(SEED_NOTE.format(n=len(rewrite.dropout_seeds)))
+    unknown = checked.plan.unknown_sizes
+    if unknown:
+        symbols = analysis.sizes.unbound_symbols(unknown)
+        hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
+        verb = "is" if len(unknown) == 1 else "are"
+        notes.append(f"{plural(len(unknown), 'tensor')} of unknown size {verb} not counted in the bytes released{hint}")
+    return ApplyResult(
+        model=result_model,
+        plan=checked.plan,
+        rewrite=rewrite,
+        analysis=analysis,
+        notes=notes,
+        estimate_before=before,
+        estimate_after=checked.after,
+        schedule=checked.ordered.schedule,
+    )
+
+
+@dataclass
+class _Checked:
+    """A plan rewritten, ordered and (with the original's estimate) checked."""
+
+    plan: RecomputePlan
+    rewrite: RewriteResult
+    ordered: OrderedGraph
+    after: MemoryEstimate | None
+
+
+def _rewrite_checked(
+    analysis: ModelAnalysis,
+    full_plan: RecomputePlan,
+    original: Emulation | None,
+    before: MemoryEstimate | None,
+    schedule: bool,
+    grad_accumulation: str,
+    dropout_seed: int,
+) -> _Checked:
+    """Rewrite ``full_plan``, order the result (random ops as the original draws them; scheduled),
+    and, given the original's estimate ``before``, drop the segment that holds the most at the
+    peak while the rewrite's estimated peak is above the original's."""
+    from onnx_remat.estimate import estimate_emulated
+
     dropped: dict[str, str] = {}
     while True:
         recompute_plan = dataclasses.replace(
@@ -268,73 +340,24 @@ def apply(
         )
         if not recompute_plan.segments:
             raise RematError(nothing_to_recompute(recompute_plan))
-        rewrite = RecomputeRewrite(random_order=order, dropout_seed=dropout_seed)(analysis.graph, recompute_plan)
-        scheduled = _schedule(analysis, rewrite, order, grad_accumulation) if schedule else None
-        result_model = scheduled.model if scheduled is not None else rewrite.model
-        if before is None:
-            after = None
-            break
-        # The check is on the graph that will be written: the scheduled rewrite.
-        after = estimate_rewritten(analysis, result_model)
-        if after.planned_peak_bytes <= before.planned_peak_bytes:
-            break
+        rewrite = RecomputeRewrite(dropout_seed=dropout_seed)(analysis.graph, recompute_plan)
+        ordered = order_rewrite(
+            rewrite.model,
+            analysis.sizes.dims,
+            random_order=original.random_order() if original is not None else [],
+            schedule=schedule,
+            grad_accumulation=grad_accumulation,
+            emulation=before is not None,
+        )
+        rewrite = dataclasses.replace(rewrite, random_order_pins=ordered.pins)
+        # The check is on the graph that will be written: the ordered (scheduled) rewrite.
+        after = estimate_emulated(analysis, ordered.emulation) if ordered.emulation and before is not None else None
+        if after is None or before is None or after.planned_peak_bytes <= before.planned_peak_bytes:
+            return _Checked(recompute_plan, rewrite, ordered, after)
         label = _culprit(after, rewrite)
         rise = after.planned_peak_bytes - before.planned_peak_bytes
         to = format_bytes(after.planned_peak_bytes)
         dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
-    check_runtime_support(result_model, "rewritten model")
-    if rewrite.dropout_seeds:
-        notes.append(SEED_NOTE.format(n=len(rewrite.dropout_seeds)))
-    unknown = recompute_plan.unknown_sizes
-    if unknown:
-        symbols = analysis.sizes.unbound_symbols(unknown)
-        hint = f" (bind {', '.join(sorted(symbols))} with --dim name=value)" if symbols else ""
-        verb = "is" if len(unknown) == 1 else "are"
-        notes.append(f"{plural(len(unknown), 'tensor')} of unknown size {verb} not counted in the bytes released{hint}")
-    result = ApplyResult(
-        model=result_model,
-        plan=recompute_plan,
-        rewrite=rewrite,
-        analysis=analysis,
-        notes=notes,
-        estimate_before=before,
-        estimate_after=after,
-        schedule=scheduled,
-    )
-    if dropout == "packed" and after is not None and rewrite.packed_masks:
-        # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
-        # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
-        # earlier block's masks again), the masks stay bytes.
-        byte = apply(
-            analysis,
-            scopes=scopes,
-            op_types=op_types,
-            nodes=nodes,
-            recompute_outputs=recompute_outputs,
-            check_peak=True,
-            dropout="byte",
-            schedule=schedule,
-            grad_accumulation=grad_accumulation,
-        )
-        lower = byte.estimate_after.planned_peak_bytes if byte.estimate_after is not None else None
-        if lower is not None and lower < after.planned_peak_bytes:
-            byte.notes.append(
-                "dropout masks kept at one byte per element: packing them raises the estimated planned peak "
-                f"({format_bytes(after.planned_peak_bytes)} against {format_bytes(lower)})"
-            )
-            return byte
-    return result
-
-
-def _schedule(
-    analysis: ModelAnalysis, rewrite: RewriteResult, order: list[str] | None, grad_accumulation: str
-) -> ScheduleResult:
-    """The memory schedule of a rewrite (random ops keep the original graph's order)."""
-    from onnx_remat.analysis.sizes import TensorSizes
-    from onnx_remat.scheduling.schedule import MemorySchedule
-
-    sizes = TensorSizes(rewrite.model, analysis.sizes.dims)
-    return MemorySchedule(grad_accumulation=grad_accumulation)(rewrite.model, sizes, random_order=order)
 
 
 def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
@@ -364,13 +387,6 @@ def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
 def _span(whats: list[str]) -> str:
     names = [w.split(" ", 1)[-1] for w in whats]
     return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
-
-
-def _runtime_order(before, analysis: ModelAnalysis) -> list[str]:
-    """Node names in onnxruntime's (emulated) execution order of the original graph."""
-    if before is not None:
-        return list(before.order_names)
-    return execution_order(analysis.model, analysis.sizes)
 
 
 def _culprit(after, rewrite: RewriteResult) -> str:

@@ -45,11 +45,14 @@ from typing import Any
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
+from onnx_remat.estimate import MemoryEstimate, check_dims, estimate_emulated
+from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
 from onnx_remat.remat.solve import Choice, Event, Problem, Solution, UnitSpec, min_budget, predict, solve
+from onnx_remat.scheduling.schedule import ScheduleResult, order_rewrite
 from onnx_remat.units import format_bytes
 
 MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
@@ -264,26 +267,20 @@ class BudgetPlanner:
         schedule: bool = False,
         grad_accumulation: str = "inplace",
     ):
-        from onnx_remat.estimate import _regions, _scope_of_tensor, check_dims, estimate_graph
-
         check_not_rewritten(analysis.graph)
         check_dims(analysis)
         self.analysis = analysis
         self.costs = costs if costs is not None else node_costs(analysis, profile)
-        self.baseline_parts = estimate_graph(
-            analysis.model,
-            analysis.sizes.copy(),
-            regions=_regions(analysis),
-            scope_of_tensor=_scope_of_tensor(analysis),
-        )
-        self.baseline = self.baseline_parts[0]
+        original = emulate(analysis.model, analysis.sizes)
+        self.baseline = estimate_emulated(analysis, original)
+        self.baseline_parts = (self.baseline, original.plan, original.rg)
+        self._random_order = original.random_order()
         self.model = build_model(analysis, self.costs, self.baseline_parts, dropout=dropout)
         self.max_group = max_group
         self.fix: dict[tuple, int] = {}  # corrections learnt from exact estimates (see learn())
         self.dropout = dropout
         self.schedule = schedule
         self.grad_accumulation = grad_accumulation
-        self._order = list(self.baseline.order_names)
         _est, mplan, rg = self.baseline_parts
         self._base_step: dict[str, int] = {}
         for k, i in enumerate(mplan.order):
@@ -430,16 +427,15 @@ class BudgetPlanner:
         return self._references
 
     def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
-        from onnx_remat.analysis.sizes import TensorSizes
-        from onnx_remat.estimate import _regions, _scope_of_tensor, estimate_graph
-
-        rewrite = RecomputeRewrite(random_order=self._order)(self.analysis.graph, plan)
-        parts = estimate_graph(
-            rewrite.model,
-            TensorSizes(rewrite.model, self.analysis.sizes.dims),
-            regions=_regions(self.analysis, rewrite.model),
-            scope_of_tensor=_scope_of_tensor(self.analysis),
+        rewrite = RecomputeRewrite()(self.analysis.graph, plan)
+        ordered = order_rewrite(
+            rewrite.model, self.analysis.sizes.dims, random_order=self._random_order, schedule=False
         )
+        assert ordered.emulation is not None
+        # The plan's graph is the rewrite with its random ops pinned where it reorders them.
+        rewrite = dataclasses.replace(rewrite, model=ordered.model, random_order_pins=ordered.pins)
+        emu = ordered.emulation
+        parts = (estimate_emulated(self.analysis, emu), emu.plan, emu.rg)
         cost = sum(self.costs.recompute_sum(s.recompute) for s in plan.segments)
         bp = BudgetPlan(source, plan, rewrite, parts[0], cost, self.costs.total, choices)
         bp.observed = self._observe(parts, rewrite, plan, owners)
@@ -578,13 +574,20 @@ class BudgetPlanner:
             return True
         if not self.schedule or bp.rewrite is None or bp.scheduled is not None:
             return bp.written_peak <= budget
-        from onnx_remat.estimate import estimate_rewritten
-        from onnx_remat.remat.apply import _has_random_ops, _schedule
-
-        order = self._order if _has_random_ops(self.analysis) else None
-        bp.scheduled = _schedule(self.analysis, bp.rewrite, order, self.grad_accumulation)
-        bp.scheduled_estimate = estimate_rewritten(self.analysis, bp.scheduled.model)
+        bp.scheduled, bp.scheduled_estimate = self.scheduled(bp.rewrite)
         return bp.written_peak <= budget
+
+    def scheduled(self, rewrite: RewriteResult) -> tuple[ScheduleResult, MemoryEstimate]:
+        """The memory schedule of a plan's rewrite (as ``apply`` writes it) and its exact estimate."""
+        ordered = order_rewrite(
+            rewrite.model,
+            self.analysis.sizes.dims,
+            random_order=self._random_order,
+            schedule=True,
+            grad_accumulation=self.grad_accumulation,
+        )
+        assert ordered.schedule is not None and ordered.emulation is not None
+        return ordered.schedule, estimate_emulated(self.analysis, ordered.emulation)
 
     def _solve(self, model_budget: int) -> Solution | None:
         return solve(self.problem, model_budget)
@@ -746,13 +749,13 @@ def apply_budget(
     :class:`BudgetResult`.
 
     With ``schedule`` the chosen rewrite then goes through the memory schedule, as ``apply`` does
-    for a selection (:func:`onnx_remat.remat.apply._schedule`), and the scheduled graph is taken
+    for a selection (:func:`onnx_remat.scheduling.schedule.order_rewrite`), and the scheduled graph is taken
     when its estimated planned peak is no higher. The plan itself is chosen, and an unreachable
     budget refused, on the planner's figures for the unscheduled rewrite: scheduling only lowers
     the peak of a plan that already fits (``ApplyResult.estimate_after`` is the graph written).
     """
     from onnx_remat.ortsim.registry import check_runtime_support
-    from onnx_remat.remat.apply import ApplyResult, _has_random_ops, _schedule
+    from onnx_remat.remat.apply import ApplyResult
 
     planner = BudgetPlanner(
         analysis, profile=profile, dropout=dropout, schedule=schedule, grad_accumulation=grad_accumulation
@@ -770,14 +773,10 @@ def apply_budget(
         plan, rewrite = chosen.plan, chosen.rewrite
         model = rewrite.model
         if schedule:
-            from onnx_remat.estimate import estimate_rewritten
-
             if chosen.scheduled is not None:  # a reference plan the planner scheduled already
                 candidate, est = chosen.scheduled, chosen.scheduled_estimate
             else:
-                order = planner._order if _has_random_ops(analysis) else None
-                candidate = _schedule(analysis, rewrite, order, grad_accumulation)
-                est = estimate_rewritten(analysis, candidate.model)
+                candidate, est = planner.scheduled(rewrite)
             if est.planned_peak_bytes <= chosen.peak:
                 scheduled, model, after = candidate, candidate.model, est
         check_runtime_support(model, "rewritten model")

@@ -39,9 +39,7 @@ Clones and barriers are named and tagged as :mod:`onnx_remat.graph.tags` describ
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,7 +55,6 @@ from onnx_remat.remat import mask_packing
 from onnx_remat.remat.plan import RecomputePlan, Segment
 from onnx_remat.remat.random_ops import (
     dropout_seeds,
-    is_random,
     is_replayable,
     is_seedable_gradient,
     replay_inputs,
@@ -101,7 +98,9 @@ class RewriteResult:
     model: onnx.ModelProto
     segments: list[RewrittenSegment]
     fences: list[str] = field(default_factory=list)  # names of the fusion fences added
-    random_order_pins: list[str] = field(default_factory=list)  # names of the PassThroughs ordering random ops
+    # names of the PassThroughs that keep random ops in their draw order: added after the rewrite,
+    # where its emulated order needs them (onnx_remat.ortsim.emulation.keep_random_order)
+    random_order_pins: list[str] = field(default_factory=list)
     dropout: str = "packed"  # how dropout masks are kept (the plan's)
     packed_masks: list[str] = field(default_factory=list)  # masks stored at one bit per element
     dropout_seeds: dict[str, int] = field(default_factory=dict)  # Dropout node -> seed (dropout="seed")
@@ -174,16 +173,12 @@ class RecomputeRewrite:
         barrier: bool = True,
         replay_dropout: bool = True,
         fence: bool = True,
-        pin_random_order: bool = True,
-        random_order: Sequence[str] | None = None,
         dropout_seed: int = 0,
     ):
         self.dropout_seed = dropout_seed
         self.barrier = barrier
         self.replay_dropout = replay_dropout
         self.fence = fence
-        self.pin_random_order = pin_random_order
-        self.random_order = random_order
 
     def __call__(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
         """Rewrite a copy of ``tg``'s graph by ``plan`` (made on ``tg``); ``tg`` stays as it was."""
@@ -250,7 +245,6 @@ class RecomputeRewrite:
         if plan.dropout == "seed":
             forward = [n for n in tg.order if id(n) in self._seeded]
             _drop_unread_masks(forward + [n for n in all_added if n.op == "Dropout"], tg.graph)
-        pins = self._pin_random_order(tg, before)
         fences = self._fence(tg, producers, edges_before, before)
         graph.nodes = _emit(tg.order, before, moved, after)
 
@@ -265,7 +259,6 @@ class RecomputeRewrite:
             model=model,
             segments=done,
             fences=fences,
-            random_order_pins=pins,
             dropout=plan.dropout,
             packed_masks=packed,
             dropout_seeds=dict(self._seeds),
@@ -410,60 +403,6 @@ class RecomputeRewrite:
                 n.attrs["seed"] = fresh[n.name]
             seeds[n.name] = int(n.attrs["seed"])
         return seeds
-
-    def _pin_random_order(self, tg: TrainingGraph, before: dict[int, list[gs.Node]]) -> list[str]:
-        """Make the forward pass's random ops run in the original graph's order, whatever the new order.
-
-        onnxruntime's ``Dropout`` (and every random op) draws from one global generator, so which
-        mask a Dropout gets depends on how many draws ran before it. The node-list edits (clones
-        read by backward nodes, fences) change onnxruntime's DEFAULT order, and with it the order
-        of independent random ops (seen: BART's decoder embedding dropout running before the
-        encoder's). Each random op after the first waits, through a ``PassThrough`` (zero copy) on
-        its first input, for the one before it in the original's order (``random_order``: node
-        names as onnxruntime runs the original graph); its mask (or the packed mask) is stored for
-        the backward pass anyway, so nothing lives longer. Seeded Dropouts (``dropout="seed"``)
-        draw from generators of their own, so their order does not matter.
-        """
-        seeded = set(self._seeds)
-        randoms = [
-            n
-            for n in tg.forward_nodes
-            if is_random(n) and n.inputs and n.inputs[0].name and not (n.name and n.name in seeded)
-        ]
-        if len(randoms) < 2 or not self.pin_random_order:
-            return []
-        rank = {name: i for i, name in enumerate(self.random_order or ())}
-        position = {id(n): k for k, n in enumerate(randoms)}
-        randoms.sort(key=lambda n: (rank.get(n.name, len(rank)), position[id(n)]))
-        pins: list[str] = []
-        for prev, node in itertools.pairwise(randoms):
-            if id(prev) in self._packs:
-                wait_for = self._packs[id(prev)].packed  # stored anyway; the byte mask is freed early
-            else:
-                wait_for = prev.outputs[-1] if prev.outputs[-1].name else prev.outputs[0]
-            data = node.inputs[0]
-            passed = gs.Variable(tags.pin_tensor_name(data.name, node.name), dtype=data.dtype, shape=data.shape)
-            # PassThrough needs an output per input (an omitted one crashes onnxruntime's kernel).
-            waited = gs.Variable(
-                tags.pin_tensor_name(wait_for.name, node.name), dtype=wait_for.dtype, shape=wait_for.shape
-            )
-            pin = gs.Node(
-                op="PassThrough",
-                name=tags.pin_name(node.name or node.op),
-                domain=MS_DOMAIN,
-                inputs=[data, wait_for],
-                outputs=[passed, waited],
-            )
-            tg.mg.set_extras(
-                pin,
-                f"onnx-remat: {node.name or node.op} waits for {prev.name or prev.op} (random ops keep the "
-                "original graph's order, so each draws the same numbers)",
-                {tags.ROLE_KEY: tags.ROLE_PIN},
-            )
-            node.inputs[0] = passed
-            before.setdefault(id(node), []).append(pin)
-            pins.append(pin.name)
-        return pins
 
     def _fence(
         self,

@@ -206,12 +206,12 @@ class Verdict:
 
 
 def _selection(scopes, op_types, nodes, recompute_outputs) -> dict:
-    from onnx_remat.remat.apply import _as_list
+    from onnx_remat.remat.apply import as_list
 
-    node_list = list(nodes) if isinstance(nodes, (list, tuple)) else _as_list(nodes)
+    node_list = list(nodes) if isinstance(nodes, (list, tuple)) else as_list(nodes)
     return {
-        "scopes": _as_list(scopes),
-        "op_types": _as_list(op_types),
+        "scopes": as_list(scopes),
+        "op_types": as_list(op_types),
         "nodes": node_list,
         "recompute_outputs": bool(recompute_outputs),
     }

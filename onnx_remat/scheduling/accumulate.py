@@ -50,9 +50,9 @@ from onnx import helper, numpy_helper
 
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import MS_DOMAIN, parameter_of_buffer
+from onnx_remat.graph.node_list import with_nodes
 from onnx_remat.ortsim.graph import RuntimeGraph
 from onnx_remat.ortsim.kernels import alias_input
-from onnx_remat.scheduling.realize import with_nodes
 
 MODES = ("sum", "inplace", "early")
 

@@ -42,13 +42,11 @@ from typing import TYPE_CHECKING, cast
 import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.ortsim.graph import RuntimeGraph, runtime_graph
-from onnx_remat.ortsim.optimizer import optimize
+from onnx_remat.ortsim.emulation import Emulation, emulate, keep_random_order
 from onnx_remat.ortsim.planner import plan_memory
-from onnx_remat.ortsim.shapes import infer_runtime_shapes
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, leaf_ranked_order, leaves, list_schedule
-from onnx_remat.scheduling.realize import pin_random_order, place_leaves, random_ops
+from onnx_remat.scheduling.realize import place_leaves
 
 if TYPE_CHECKING:
     from onnx_remat.analysis.model import ModelAnalysis, ModelLike
@@ -92,6 +90,7 @@ class ScheduleResult:
     accumulation_skipped: list[tuple[str, str]] = field(default_factory=list)
     pins: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    emulation: Emulation | None = field(default=None, repr=False)  # of ``model``: what onnxruntime runs
 
     @property
     def changed(self) -> bool:
@@ -108,32 +107,6 @@ class ScheduleResult:
             "random_order_pins": self.pins,
             "notes": self.notes,
         }
-
-
-@dataclass
-class _Graph:
-    """A model with its emulation: runtime shapes, the graph onnxruntime runs, its order and peak."""
-
-    label: str
-    model: onnx.ModelProto
-    sizes: TensorSizes
-    rg: RuntimeGraph
-    first_added: int  # the index onnxruntime gives the first node its optimizer makes
-    order: list[int]
-    peak: int
-
-
-def _emulate(label: str, model: onnx.ModelProto, sizes: TensorSizes) -> _Graph:
-    rg = runtime_graph(model, sizes)
-    first_added = len(rg.nodes)
-    optimize(rg)
-    order = rg.default_order()
-    return _Graph(label, model, sizes, rg, first_added, order, plan_memory(rg, order).planned_peak_bytes)
-
-
-def _random_names(g: _Graph) -> list[str]:
-    wanted = {n.name for n in random_ops(g.model)}
-    return [name for i in g.order for name in g.rg.at(i).origin if name in wanted]
 
 
 class MemorySchedule:
@@ -157,28 +130,40 @@ class MemorySchedule:
         self.verify = verify
 
     def __call__(
-        self, model: onnx.ModelProto, sizes: TensorSizes, *, random_order: Sequence[str] | None = None
+        self,
+        model: onnx.ModelProto | Emulation,
+        sizes: TensorSizes | None = None,
+        *,
+        random_order: Sequence[str] | None = None,
     ) -> ScheduleResult:
-        """Schedule ``model`` (``sizes``: its tensor sizes, symbolic dimensions bound; not changed).
+        """Schedule ``model`` (``sizes``: its tensor sizes, symbolic dimensions bound; not changed),
+        or the graph of an :class:`~onnx_remat.ortsim.emulation.Emulation` of it, which is then used
+        rather than made again.
 
         ``random_order``: names of the forward random ops in the order their draws must keep
-        (default: the order onnxruntime runs ``model`` in, emulated).
+        (default: the order onnxruntime runs ``model`` in, emulated). Where ``model`` itself runs
+        them in another order (a recompute rewrite may), it is pinned first
+        (:func:`~onnx_remat.ortsim.emulation.keep_random_order`), and that is the graph any
+        order must beat.
         """
-        given_sizes = sizes.copy()
-        infer_runtime_shapes(model, given_sizes)
-        given = _emulate("as given", model, given_sizes)
-        wanted_random = list(random_order) if random_order is not None else _random_names(given)
-        graphs = [given]
-        accumulation = accumulate_gradients(model, given.rg, given.order, self.grad_accumulation)
+        if isinstance(model, Emulation):
+            given = model
+        elif sizes is None:
+            raise TypeError("MemorySchedule: give the model's sizes, or an Emulation of it")
+        else:
+            given = emulate(model, sizes)
+        wanted_random = list(random_order) if random_order is not None else given.random_order()
+        given, given_pins = keep_random_order(given, wanted_random)
+        graphs: list[tuple[str, Emulation]] = [("as given", given)]
+        accumulation = accumulate_gradients(given.model, given.rg, given.order, self.grad_accumulation)
         if accumulation.gradients:
-            acc_sizes = TensorSizes(accumulation.model, sizes.dims)
-            infer_runtime_shapes(accumulation.model, acc_sizes)
-            graphs.append(_emulate(self.grad_accumulation, accumulation.model, acc_sizes))
+            acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
+            graphs.append((self.grad_accumulation, emulate(accumulation.model, acc_sizes)))
 
-        candidates: list[tuple[Candidate, _Graph, dict[str, float] | None]] = []
-        for g in graphs:
+        candidates: list[tuple[Candidate, str, Emulation, dict[str, float] | None]] = []
+        for label, g in graphs:
             if g is not given:
-                candidates.append((Candidate(g.label, "as written", g.peak), g, None))
+                candidates.append((Candidate(label, "as written", g.planned_peak_bytes), label, g, None))
             ends = set(leaves(g.rg))
             for policy in self.policies:
                 target = list_schedule(g.rg, g.order, policy)
@@ -186,50 +171,86 @@ class MemorySchedule:
                 predicted = leaf_ranked_order(g.rg, g.first_added, rank)
                 peak = plan_memory(g.rg, predicted).planned_peak_bytes
                 ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
-                candidates.append((Candidate(g.label, policy, peak), g, ranks))
+                candidates.append((Candidate(label, policy, peak), label, g, ranks))
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
 
-        present = {n.name for n in random_ops(model)}
-        wanted_random = [n for n in wanted_random if n in present]
-        best: tuple[int, Candidate, onnx.ModelProto, list[str]] | None = None
+        best: tuple[Candidate, Emulation, list[str]] | None = None
         checked_lists: dict[tuple[str, ...], int] = {}
         # Only predictions below the input's peak are worth writing (a handful at most).
-        promising = [c for c in candidates if c[0].predicted_peak_bytes < given.peak][: self.verify]
-        for cand, g, names in promising:
+        promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
+        for cand, _label, g, names in promising:
             written = place_leaves(g.model, names) if names is not None else g.model
             key = tuple(n.name for n in written.graph.node)
             if key in checked_lists:  # another policy gave the same node list
                 cand.planned_peak_bytes = checked_lists[key]
                 continue
-            checked = _emulate(g.label, written, g.sizes)
-            pins: list[str] = []
-            if len(wanted_random) > 1 and _random_names(checked) != wanted_random:
-                written, pins = pin_random_order(written, wanted_random)
-                pinned_sizes = g.sizes.copy()
-                infer_runtime_shapes(written, pinned_sizes)
-                checked = _emulate(g.label, written, pinned_sizes)
-            cand.planned_peak_bytes = checked_lists[key] = checked.peak
-            if best is None or checked.peak < best[0]:
-                best = (checked.peak, cand, written, pins)
+            checked, pins = keep_random_order(emulate(written, g.sizes, shapes_known=True), wanted_random)
+            cand.planned_peak_bytes = checked_lists[key] = checked.planned_peak_bytes
+            if best is None or checked.planned_peak_bytes < best[1].planned_peak_bytes:
+                best = (cand, checked, pins)
 
         result = ScheduleResult(
-            model=model,
-            planned_peak_before=given.peak,
-            planned_peak_after=given.peak,
+            model=given.model,
+            planned_peak_before=given.planned_peak_bytes,
+            planned_peak_after=given.planned_peak_bytes,
             chosen=None,
-            candidates=[c for c, _, _ in candidates],
+            candidates=[c for c, _, _, _ in candidates],
             accumulated=accumulation.gradients,
             accumulation_skipped=accumulation.skipped,
+            pins=given_pins,
+            emulation=given,
         )
-        if best is None or best[0] >= given.peak:
+        if best is None or best[1].planned_peak_bytes >= given.planned_peak_bytes:
             result.notes.append("no order tried lowers the planned peak: the graph is left as it was")
             result.accumulated = []
             return result
-        result.model, result.chosen, result.pins = best[2], best[1], best[3]
-        result.planned_peak_after = best[0]
-        if best[1].graph == "as given":
+        result.chosen, result.emulation, result.model = best[0], best[1], best[1].model
+        result.pins = given_pins + best[2]
+        result.planned_peak_after = best[1].planned_peak_bytes
+        if best[0].graph == "as given":
             result.accumulated = []
         return result
+
+
+@dataclass
+class OrderedGraph:
+    """A rewritten graph after :func:`order_rewrite`: the ``model`` to write, its ``emulation``
+    (None where nothing needed one), the memory schedule's result (None: not scheduled) and the
+    random-op pins added."""
+
+    model: onnx.ModelProto
+    emulation: Emulation | None
+    schedule: ScheduleResult | None
+    pins: list[str]
+
+
+def order_rewrite(
+    model: onnx.ModelProto,
+    dims: dict[str, int],
+    *,
+    random_order: Sequence[str],
+    schedule: bool = True,
+    grad_accumulation: str = DEFAULT_ACCUMULATION,
+    emulation: bool = True,
+) -> OrderedGraph:
+    """The order pass after a rewrite: emulate ``model`` once, keep its random ops in
+    ``random_order`` (the original graph's draw order; pins only where the rewrite changed it) and,
+    with ``schedule``, give it the memory schedule (:class:`MemorySchedule`).
+
+    ``dims`` binds symbolic dimensions. Without ``schedule``, ``emulation`` (whether the caller
+    needs the emulation of the result) and two random ops to order, nothing is emulated. Used by
+    :func:`onnx_remat.apply` and the budget planner, so every graph they write is ordered the same
+    way; ``model`` is not changed.
+    """
+    if not schedule and not emulation and len(random_order) < 2:
+        return OrderedGraph(model, None, None, [])
+    emu = emulate(model, TensorSizes(model, dims))
+    if schedule:
+        result = MemorySchedule(grad_accumulation=grad_accumulation)(emu, random_order=random_order)
+        assert result.emulation is not None
+        return OrderedGraph(result.model, result.emulation, result, list(result.pins))
+    emu, pins = keep_random_order(emu, random_order)
+    return OrderedGraph(emu.model, emu, None, pins)
 
 
 # -- onnx_remat.schedule: the command's library function -------------------------------------------
@@ -301,21 +322,16 @@ def schedule(
     """
     from onnx_remat.analysis.model import ModelAnalysis, analyze_model
     from onnx_remat.errors import RematError
-    from onnx_remat.estimate import check_dims, estimate_original, estimate_rewritten
+    from onnx_remat.estimate import check_dims, estimate_emulated
     from onnx_remat.ortsim.registry import check_runtime_support
 
     if grad_accumulation not in MODES:
         raise RematError(f"gradient accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
     analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
     check_dims(analysis)
-    before = estimate_original(analysis)
-    result = MemorySchedule(grad_accumulation=grad_accumulation)(
-        analysis.model, analysis.sizes, random_order=[n for n in before.order_names]
-    )
-    after = estimate_rewritten(analysis, result.model) if result.changed else before
-    if after.planned_peak_bytes != result.planned_peak_after:
-        raise RuntimeError(
-            f"schedule: the estimate ({after.planned_peak_bytes}) and the pass ({result.planned_peak_after}) disagree"
-        )
+    original = emulate(analysis.model, analysis.sizes)
+    before = estimate_emulated(analysis, original)
+    result = MemorySchedule(grad_accumulation=grad_accumulation)(original, random_order=original.random_order())
+    after = estimate_emulated(analysis, result.emulation) if result.changed and result.emulation else before
     check_runtime_support(result.model, "scheduled model")
     return ScheduledModel(result.model, result, analysis, before, after)

@@ -152,7 +152,7 @@ def graph_view(
     (default: the first ``expand`` recomputed scope instances, or the first ``expand`` top-level
     scopes without a selection). Raises :class:`RematError` for patterns that match nothing.
     """
-    from onnx_remat.remat.apply import ApplyResult, _as_list, apply
+    from onnx_remat.remat.apply import ApplyResult, apply, as_list
 
     applied: ApplyResult | None = None
     if isinstance(model, ApplyResult):
@@ -160,12 +160,12 @@ def graph_view(
         analysis = applied.analysis
     else:
         analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
-        if _as_list(scopes) or _as_list(op_types) or _as_list(nodes):
+        if as_list(scopes) or as_list(op_types) or as_list(nodes):
             applied = apply(
                 analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs
             )
     return _build(
-        analysis, applied, _expanded(analysis, applied, _as_list(focus), expand), before=before, max_run=max_run
+        analysis, applied, _expanded(analysis, applied, as_list(focus), expand), before=before, max_run=max_run
     )
 
 

@@ -10,13 +10,15 @@ from onnx import TensorProto, helper
 import onnx_remat
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.estimate import estimate_rewritten
+from onnx_remat.graph.random_order import pin_random_order, random_ops
 from onnx_remat.model_io import load_model
+from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.ortsim.graph import runtime_graph
 from onnx_remat.ortsim.optimizer import optimize
 from onnx_remat.ortsim.shapes import infer_runtime_shapes
 from onnx_remat.scheduling.orders import POLICIES, leaf_ranked_order, leaves, list_schedule
-from onnx_remat.scheduling.realize import model_leaves, pin_random_order, place_leaves, random_ops
-from onnx_remat.scheduling.schedule import MemorySchedule, _emulate
+from onnx_remat.scheduling.realize import model_leaves, place_leaves
+from onnx_remat.scheduling.schedule import MemorySchedule
 
 EXAMPLES = ["blocks10", "fc5", "gpt", "resnet"]
 
@@ -25,7 +27,7 @@ def _graph(name):
     model = load_model(artifacts_dir(name)).model
     sizes = TensorSizes(model)
     infer_runtime_shapes(model, sizes)
-    return model, sizes, _emulate("as given", model, sizes)
+    return model, sizes, emulate(model, sizes, shapes_known=True)
 
 
 def _is_topological(rg, order):
@@ -77,7 +79,7 @@ def test_leaf_ranks_predict_what_onnxruntime_runs_once_written(name):
         rank = {i: k for k, i in enumerate(target) if i in ends}
         predicted = [g.rg.at(i).name for i in leaf_ranked_order(g.rg, g.first_added, rank)]
         written = place_leaves(model, {n: float(k) for i, k in rank.items() for n in g.rg.at(i).origin})
-        again = _emulate("written", written, sizes)
+        again = emulate(written, sizes, shapes_known=True)
         assert predicted == [again.rg.at(i).name for i in again.order], policy
 
 
@@ -121,7 +123,7 @@ def _two_dropouts():
 def _random_run_order(model):
     sizes = TensorSizes(model)
     infer_runtime_shapes(model, sizes)
-    g = _emulate("m", model, sizes)
+    g = emulate(model, sizes, shapes_known=True)
     randoms = {n.name for n in random_ops(model)}
     return [n for i in g.order for n in g.rg.at(i).origin if n in randoms]
 

@@ -1,0 +1,137 @@
+"""What onnxruntime 1.19 does with one training graph on CPU, in one object.
+
+:func:`emulate` runs the emulation once: the shapes onnxruntime knows
+(:mod:`~onnx_remat.ortsim.shapes`), the graph it runs after its rewrites
+(:mod:`~onnx_remat.ortsim.optimizer`), its DEFAULT execution order (or an order observed at run
+time) and, when first asked for, its allocation plan (:mod:`~onnx_remat.ortsim.planner`). Every
+question about that graph (the planned peak, the run order of its nodes, the draw order of its
+random ops, the estimate of :mod:`onnx_remat.estimate`) is a query on the :class:`Emulation`, so no
+command emulates a graph twice.
+
+:func:`keep_random_order` is the pass that keeps a rewrite's random ops in the original draw order:
+it asks the emulation, pins only where the order changed (:mod:`onnx_remat.graph.random_order`),
+and emulates the pinned graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import onnx
+
+from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.graph.random_order import flipped_pairs, pin_random_order, random_ops
+from onnx_remat.ortsim.graph import RuntimeGraph, runtime_graph
+from onnx_remat.ortsim.optimizer import optimize
+from onnx_remat.ortsim.order import order_from_names
+from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
+from onnx_remat.ortsim.shapes import infer_runtime_shapes
+
+DEFAULT_ORDER = "onnxruntime DEFAULT order (emulated)"
+
+
+@dataclass(eq=False)
+class Emulation:
+    """One graph as onnxruntime would run it: ``model`` (not changed), ``sizes`` (its tensor sizes
+    with the shapes onnxruntime infers), ``rg`` (the graph after onnxruntime's rewrites; node
+    indices as onnxruntime gives them, ``first_added`` the first index its optimizer made),
+    ``order`` (node indices in execution order) and ``plan`` (the allocation plan, computed on
+    first use)."""
+
+    model: onnx.ModelProto
+    sizes: TensorSizes
+    rg: RuntimeGraph
+    first_added: int
+    order: list[int]
+    order_source: str = DEFAULT_ORDER
+    matched_order_nodes: int | None = None  # with an order given by name: nodes matched
+    _plan: MemoryPlan | None = field(default=None, repr=False)
+    _names: list[str] | None = field(default=None, repr=False)
+
+    @property
+    def plan(self) -> MemoryPlan:
+        """onnxruntime's allocation plan and memory pattern for ``order`` (computed once)."""
+        if self._plan is None:
+            self._plan = plan_memory(self.rg, self.order)
+        return self._plan
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        return self.plan.planned_peak_bytes
+
+    @property
+    def names_in_order(self) -> list[str]:
+        """Names of the model's nodes in the order they run (a fused node's parts where it runs;
+        nodes removed without a replacement are left out)."""
+        if self._names is None:
+            self._names = [name for i in self.order for name in self.rg.at(i).origin]
+        return self._names
+
+    def random_order(self) -> list[str]:
+        """Names of the model's random ops that draw from the global generator, in the order they run."""
+        wanted = {n.name for n in random_ops(self.model)}
+        return [name for name in self.names_in_order if name in wanted]
+
+
+def emulate(
+    model: onnx.ModelProto,
+    sizes: TensorSizes,
+    *,
+    shapes_known: bool = False,
+    optimizations: bool = True,
+    execution_order: Sequence[str] | None = None,
+) -> Emulation:
+    """Emulate onnxruntime on ``model``; ``sizes``: its tensor sizes (symbolic dimensions bound).
+
+    ``sizes`` is not changed: the emulation works on a copy to which it adds the shapes
+    onnxruntime infers, unless ``shapes_known`` says ``sizes`` holds them already (a copy of an
+    emulation's ``sizes`` for a graph with the same tensors). ``optimizations=False`` emulates the
+    graph as written, without onnxruntime's rewrites; ``execution_order`` (node names as
+    onnxruntime ran them, e.g. from a profile) replaces the emulated DEFAULT order.
+    """
+    if not shapes_known:
+        sizes = sizes.copy()
+        infer_runtime_shapes(model, sizes)
+    rg = runtime_graph(model, sizes)
+    first_added = len(rg.nodes)
+    if optimizations:
+        optimize(rg)
+    if execution_order is None:
+        return Emulation(model, sizes, rg, first_added, rg.default_order())
+    live = rg.live()
+    order, matched = order_from_names(
+        [n.index for n in live],
+        {n.index: rg.producers_of(n) for n in live},
+        {n.index: n.name for n in live},
+        list(execution_order),
+    )
+    source = f"given order ({matched} of {len(live)} nodes matched by name)"
+    return Emulation(model, sizes, rg, first_added, order, source, matched)
+
+
+def keep_random_order(emulation: Emulation, wanted: Sequence[str]) -> tuple[Emulation, list[str]]:
+    """The graph of ``emulation`` with its random ops drawing in the ``wanted`` order (node names of
+    the original graph's random ops as they ran), and the names of the pins added.
+
+    A graph whose random ops already run in that order comes back as it is, with no pin. Otherwise
+    the random ops that now run before their predecessor wait for it (:func:`pin_random_order`,
+    only those pairs); where the new order still differs, every consecutive pair is pinned, which
+    the data then enforces. Each pinned graph is emulated again (pins are nodes: they change the
+    order and can block fusions).
+    """
+    wanted = [name for name in wanted if name in {n.name for n in random_ops(emulation.model)}]
+    if len(wanted) < 2:
+        return emulation, []
+    flipped = flipped_pairs(wanted, emulation.random_order())
+    if not flipped:
+        return emulation, []
+    model, pins = pin_random_order(emulation.model, wanted, pairs=flipped)
+    pinned = emulate(model, emulation.sizes)
+    if flipped_pairs(wanted, pinned.random_order()):
+        model, more = pin_random_order(model, wanted)
+        pins += more
+        pinned = emulate(model, emulation.sizes)
+    if flipped_pairs(wanted, pinned.random_order()):
+        raise RuntimeError("random ops still run out of their original order after pinning every pair")
+    return pinned, pins
