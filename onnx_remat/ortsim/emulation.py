@@ -120,7 +120,8 @@ def keep_random_order(emulation: Emulation, wanted: Sequence[str]) -> tuple[Emul
     the data then enforces. Each pinned graph is emulated again (pins are nodes: they change the
     order and can block fusions).
     """
-    wanted = [name for name in wanted if name in {n.name for n in random_ops(emulation.model)}]
+    present = {n.name for n in random_ops(emulation.model)}
+    wanted = [name for name in wanted if name in present]
     if len(wanted) < 2:
         return emulation, []
     flipped = flipped_pairs(wanted, emulation.random_order())
