@@ -5,7 +5,8 @@ selections -> the rewrite run by onnxruntime-training against the original.
 
 Each *model* is a random module (seeded by ``--seed`` and its index): blocks of Linear, Conv2d,
 LayerNorm, BatchNorm, Dropout, GELU / ReLU / Tanh / Softmax, small self-attention, residuals,
-nested submodules and tied weights, in a sequence or an image family; exported with the
+nested submodules, tied weights and parallel residual blocks (two sibling branches off one input,
+each ending in a dropout), in a sequence or an image family; exported with the
 TorchScript exporter at opset 14-17 or with the dynamo exporter, turned into artifacts by
 :func:`onnx_remat.runtime.artifacts.generate_training_artifacts`. Each *case* is one selection on
 one model: a scope glob, a single scope, a class name, op types, a node, with or without
@@ -119,6 +120,18 @@ def _layer_classes():
         def forward(self, x):
             return x * self.weight
 
+    class Parallel(nn.Module):
+        """GPT-NeoX's parallel residual: ``x + drop_a(a(x)) + drop_b(b(x))``, two sibling branches
+        off one input, each holding random ops (a shape that once broke the random-op pins)."""
+
+        def __init__(self, a: nn.Module, b: nn.Module, p: float) -> None:
+            super().__init__()
+            self.a, self.b = a, b
+            self.drop_a, self.drop_b = nn.Dropout(p), nn.Dropout(p)
+
+        def forward(self, x):
+            return x + self.drop_a(self.a(x)) + self.drop_b(self.b(x))
+
     blocks = {name: type(name, (nn.Sequential,), {}) for name in ("Block", "Layer", "Mixer", "Stage", "Cell")}
     return {
         "SelfAttention": SelfAttention,
@@ -127,6 +140,7 @@ def _layer_classes():
         "ChannelNorm": ChannelNorm,
         "Softmax": Softmax,
         "Scale": Scale,
+        "Parallel": Parallel,
         **blocks,
     }
 
@@ -151,6 +165,7 @@ class FuzzModel:
     opset: int
     loss: str  # "mse" or "mean"
     description: list[str] = field(default_factory=list)
+    parallel: bool = False  # one block is a parallel residual (drawn from a stream of its own, see draw_model)
 
 
 def _seq_op(rng: random.Random, width: int, depth: int, desc: list[str]):
@@ -254,6 +269,15 @@ def build(spec: FuzzModel):
                 rng.setstate(proto_rng_state)
             blocks.append(block_cls(*[_seq_op(rng, width, 0, desc) for _ in range(rng.randint(2, 5))]))
         tie = rng.random() < 0.3
+        if spec.parallel:
+            # Drawn from a stream of its own, so that every other choice of the seed stays as it was.
+            side = random.Random(spec.seed * 104729 + 17)
+            branches = [
+                nn.Sequential(*[_seq_op(side, width, 1, desc) for _ in range(side.randint(1, 3))]) for _ in range(2)
+            ]
+            where = side.randrange(len(blocks))
+            blocks[where] = block_cls(c["Parallel"](*branches, side.choice([0.1, 0.25])))
+            desc.append(f"parallel block {where}")
 
         class Net(nn.Module):
             def __init__(self) -> None:
@@ -308,7 +332,11 @@ def draw_model(seed: int) -> FuzzModel:
         exporter, opset = "dynamo", 18
     else:
         exporter, opset = "torchscript", rng.choice([14, 15, 16, 17])
-    return FuzzModel(seed=seed, family=family, exporter=exporter, opset=opset, loss=rng.choice(["mse", "mse", "mean"]))
+    loss = rng.choice(["mse", "mse", "mean"])
+    # A stream of its own: the models the seeds drew before parallel blocks existed stay the same
+    # apart from the parallel block.
+    parallel = family == "seq" and random.Random(seed * 15485863 + 5).random() < 0.3
+    return FuzzModel(seed=seed, family=family, exporter=exporter, opset=opset, loss=loss, parallel=parallel)
 
 
 # -- selections --------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ architecture    what it exercises                                         export
                 inverted MLP, layer scale, Sequential-held layers
 ``swin``        windowed attention with shifted windows, relative position  TorchScript 17
                 bias, patch merging, dropout
+``wav2vec2``    audio encoder: strided 1-D conv front end, grouped 1-D      TorchScript 17
+                positional convolution (4 groups), post-LN layers, dropout
 ``mlp``         MLP with dropout (GELU, LayerNorm) and a residual          TorchScript 17, dynamo
 ==============  ========================================================  ======================
 
@@ -413,6 +415,44 @@ _SPECS: list[ModelSpec] = [
         blocks=lambda m: [b for s in m.model.swin.encoder.layers for b in s.blocks],
         description="Swin: windowed self-attention with shifted windows and relative position bias, patch merging; "
         "2 stages x 2 layers, dropout 0.1",
+        exporters=(TS17,),
+    ),
+    *_arch(
+        "wav2vec2",
+        build=_hf(
+            "Wav2Vec2ForSequenceClassification",
+            "Wav2Vec2Config",
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            # GroupNorm exports as InstanceNormalization, which onnxruntime's gradient builder lacks;
+            # the "layer" front end (LayerNorm after each conv) is the large models' own.
+            feat_extract_norm="layer",
+            conv_bias=True,
+            conv_dim=(32, 32, 32),
+            conv_stride=(5, 2, 2),
+            conv_kernel=(10, 3, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            num_labels=8,
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+            activation_dropout=0.1,
+            feat_proj_dropout=0.1,
+            layerdrop=0.0,
+            mask_time_prob=0.0,
+            apply_spec_augment=False,
+        ),
+        inputs=lambda: (torch.randn(BATCH, 1600, generator=_seeded(1)),),
+        target=lambda: _ids(2, (BATCH,), 8),
+        loss=_ce,
+        ort_loss="cross_entropy",
+        input_names=("input_values",),
+        block_scope="Wav2Vec2EncoderLayer",
+        blocks=lambda m: list(m.model.wav2vec2.encoder.layers),
+        description="wav2vec 2.0 audio encoder: strided conv feature extractor (LayerNorm), grouped conv positional "
+        "embedding, 2 post-LN transformer layers with dropout; 1600 samples",
         exporters=(TS17,),
     ),
     *_arch(

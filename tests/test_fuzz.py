@@ -10,13 +10,14 @@ pytest.importorskip("torch")
 
 from benchmarks.fuzz import FAILURES, draw_model, run_model
 
-SEEDS = [0, 1, 2, 4]  # sequence and image families, TorchScript at opsets 14, 16, 17 and dynamo
+SEEDS = [0, 1, 2, 4, 8]  # sequence and image families, TorchScript at opsets 14, 16, 17 and dynamo; 8: a parallel block
 
 
 def test_the_seeds_cover_both_exporters_and_families():
     drawn = [draw_model(s) for s in SEEDS]
     assert {m.exporter for m in drawn} == {"torchscript", "dynamo"}
     assert {m.family for m in drawn} == {"seq", "conv"}
+    assert any(m.parallel for m in drawn)  # a parallel residual block: sibling branches, each with a dropout
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -45,6 +45,7 @@ ROLE_ACCUMULATE = "accumulate"
 ROLE_PACK = "pack"
 ROLE_UNPACK = "unpack"
 ROLE_REDRAW = "redraw"  # a DropoutGrad turned into a seeded Dropout (dropout="seed"); keeps its name
+ROLE_WORKAROUND = "workaround"  # a kernel's node in a form onnxruntime computes correctly (graph/kernel_workarounds.py)
 
 CLONE_SUFFIX = "/remat"
 BARRIER_PREFIX = "remat_barrier/"

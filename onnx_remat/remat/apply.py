@@ -21,6 +21,7 @@ import onnx
 
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError, UsageError
+from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
 from onnx_remat.model_io import remat_output, save_model, write_artifacts
 from onnx_remat.ortsim.emulation import Emulation, emulate
@@ -285,6 +286,8 @@ def apply(
             )
             checked = byte
     result_model = checked.ordered.model
+    if checked.ordered.workarounds:
+        notes.append(WORKAROUND_NOTE.format(n=len(checked.ordered.workarounds)))
     check_runtime_support(result_model, "rewritten model")
     rewrite = checked.rewrite
     if rewrite.dropout_seeds:

@@ -30,10 +30,17 @@ Sum's output joins them. Two modes:
 
 Sums onnxruntime fuses into a ``Gemm`` (``GemmSumFusion``: the Gemm adds the other partial as its
 ``C``, inside the matrix product's own accumulation, e.g. the tied embedding's LM-head gradient)
-are kept as they are in ``"inplace"`` mode: splitting them changes the Gemm's rounding for inner
-dimensions above the kernel's block (measured: different bits from 256 up). In ``"early"`` mode
-the other partial is accumulated first and the Gemm adds the *buffer* as its ``C`` (so on a step
-with reset gradients it adds exactly the same values), then its result overwrites the buffer.
+cannot be split into a Gemm and an addition: that changes the Gemm's rounding for inner dimensions
+above the kernel's block (measured: different bits from 256 up). Where that ``C`` is an
+embedding's ``GatherGrad`` (the tied input and output embedding of a decoder LM: two dense
+parameter-sized partials alive together at the end of the backward pass, the graph's peak),
+``"inplace"`` mode writes the fused Gemm in a form that rounds the same and never holds two dense
+partials: the Gemm's rows where ``C`` is zero go into the buffer as soon as the LM head's
+gradient exists, and its rows for the token ids that occur are computed as onnxruntime computes
+them, with ``C`` restricted to those rows, and added at the end (:func:`_sparse_gemm_chain`).
+Other fused sums are kept as they are in ``"inplace"`` mode. In ``"early"`` mode the other
+partial is accumulated first and the Gemm adds the *buffer* as its ``C`` (so on a step with reset
+gradients it adds exactly the same values), then its result overwrites the buffer.
 
 Only sums whose one reader is the parameter's ``InPlaceAccumulatorV2`` are touched: the gradients
 of activations stay as written. Linear in nodes + edges.
@@ -51,7 +58,7 @@ from onnx import helper, numpy_helper
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import MS_DOMAIN, parameter_of_buffer
 from onnx_remat.graph.node_list import with_nodes
-from onnx_remat.ortsim.graph import RuntimeGraph
+from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input
 
 MODES = ("sum", "inplace", "early")
@@ -109,15 +116,18 @@ def accumulate_gradients(
                 readers.setdefault(t, []).append(n)
     graph_outputs = {o.name for o in model.graph.output}
     when = {name: k for k, i in enumerate(order) for name in rg.at(i).origin}
-    fused_into: dict[str, tuple[str, str, list[str]]] = {}  # Sum name -> (domain, op, inputs) of its fused node
+    fused_into: dict[str, RuntimeNode] = {}  # Sum name -> the node onnxruntime fused it into
     for r in rg.live():
         if len(r.origin) > 1:
             for name in r.origin:
-                fused_into[name] = (r.domain, r.op, list(r.inputs))
+                fused_into[name] = r
 
     true_name = "onnx_remat/accumulate/overwrite"
     replace: dict[int, list[onnx.NodeProto]] = {}  # id(node) -> the nodes that stand in its place
     drop: set[int] = set()
+    unread: list[onnx.NodeProto] = []  # nodes whose outputs the rewrite stops reading (removed if dead)
+    constants: dict[str, onnx.TensorProto] = {}
+    infos: list[onnx.ValueInfoProto] = []
     done: list[AccumulatedGradient] = []
     skipped: list[tuple[str, str]] = []
     for total in nodes:
@@ -138,10 +148,22 @@ def accumulate_gradients(
         fused = fused_into.get(total.name)
         gemm_c = None
         if fused is not None:
-            if fused[:2] != ("", "Gemm") or len(fused[2]) < 3 or fused[2][2] not in partials or mode != "early":
+            fused_c = fused.inputs[2] if fused.key == ("", "Gemm") and len(fused.inputs) > 2 else None
+            if mode == "inplace" and fused_c is not None and fused_c in partials:
+                why = _sparse_split_refusal(fused, fused_c, partials, producer, readers, rg, graph_outputs)
+                if why is None:
+                    new, record = _sparse_gemm_chain(total, acc, param, fused, producer[fused_c], rg, constants, infos)
+                    replace[id(total)] = new
+                    drop.add(id(acc))
+                    unread += [producer[t] for t in partials if t in producer]
+                    done.append(record)
+                    continue
+                skipped.append((param, f"onnxruntime fuses its sum into a Gemm: kept as written ({why})"))
+                continue
+            if fused_c is None or fused_c not in partials or mode != "early":
                 skipped.append((param, "onnxruntime fuses its sum into a Gemm: kept as written"))
                 continue
-            gemm_c = fused[2][2]
+            gemm_c = fused_c
         # The first two partials may swap (a + b == b + a): the one that exists first goes first.
         if len(partials) >= 2 and gemm_c is None:
             inf = float("inf")
@@ -169,10 +191,41 @@ def accumulate_gradients(
         if id(n) in drop:
             continue
         emitted.extend(replace.get(id(n), [n]))
+    emitted = _without_dead(emitted, unread, graph_outputs)
     result = with_nodes(model, emitted)
     if mode == "early":
         result.graph.initializer.append(numpy_helper.from_array(np.array([True]), true_name))
+    result.graph.initializer.extend(constants.values())
+    result.graph.value_info.extend(infos)
     return AccumulationResult(result, done, skipped)
+
+
+def _without_dead(
+    nodes: list[onnx.NodeProto], candidates: list[onnx.NodeProto], graph_outputs: set[str]
+) -> list[onnx.NodeProto]:
+    """``nodes`` without the ``candidates`` that nothing reads any more, and without what only they
+    read (walked upstream from them alone: the rest of the graph is left as it was written)."""
+    if not candidates:
+        return nodes
+    producer = {o: n for n in nodes for o in n.output if o}
+    readers: dict[str, int] = {}
+    for n in nodes:
+        for t in n.input:
+            if t:
+                readers[t] = readers.get(t, 0) + 1
+    dead: set[int] = set()
+    work = list(candidates)
+    while work:
+        n = work.pop()
+        if id(n) in dead or any(readers.get(o, 0) or o in graph_outputs for o in n.output if o):
+            continue
+        dead.add(id(n))
+        for t in n.input:
+            if t:
+                readers[t] -= 1
+                if readers[t] == 0 and t in producer:
+                    work.append(producer[t])
+    return [n for n in nodes if id(n) not in dead]
 
 
 def _made_by(producer: dict[str, onnx.NodeProto], tensor: str) -> str:
@@ -296,3 +349,152 @@ def _anchor(step: onnx.NodeProto) -> onnx.NodeProto:
     )
     _tag(node, f"onnx-remat: lets the execution order run {step.name} as soon as its partial gradient exists")
     return node
+
+
+def _sparse_split_refusal(
+    gemm: RuntimeNode,
+    c: str,
+    partials: list[str],
+    producer: dict[str, onnx.NodeProto],
+    readers: dict[str, list[onnx.NodeProto]],
+    rg: RuntimeGraph,
+    graph_outputs: set[str],
+) -> str | None:
+    """Why the fused Gemm ``gemm`` (``C`` = partial ``c``) cannot take :func:`_sparse_gemm_chain`'s
+    form, or None when it can: ``c`` is a ``GatherGrad`` read by the sum alone, the sum has two
+    partials, and the Gemm's operands are tensors of the model as written, in float32."""
+    sparse = producer.get(c)
+    if len(partials) != 2:
+        return "more than two partial gradients"
+    if sparse is None or sparse.op_type != "GatherGrad" or sparse.domain != MS_DOMAIN or len(sparse.input) < 3:
+        return "its C is not an embedding's GatherGrad"
+    if len(readers.get(c, [])) != 1 or c in graph_outputs:
+        return "the GatherGrad's output is read elsewhere"
+    if any(att.name == "axis" and att.i != 0 for att in sparse.attribute):
+        return "the GatherGrad gathers along another axis than 0"
+    a, b = gemm.inputs[0], gemm.inputs[1]
+    known = set(producer) | set(rg.graph_inputs) | set(rg.initializers)
+    if a not in known or b not in known:
+        return "the Gemm reads tensors onnxruntime's optimizer made"
+    if rg.sizes.elem_type(a) != onnx.TensorProto.FLOAT or rg.sizes.elem_type(c) != onnx.TensorProto.FLOAT:
+        return "not float32"
+    if rg.sizes.raw_dims(c) is None or len(rg.sizes.raw_dims(c) or ()) != 2 or rg.sizes.raw_dims(a) is None:
+        return "the shapes are not known"
+    return None
+
+
+def _constant(constants: dict[str, onnx.TensorProto], name: str, value) -> str:
+    if name not in constants:
+        constants[name] = numpy_helper.from_array(np.asarray(value), name)
+    return name
+
+
+def _sparse_gemm_chain(
+    total: onnx.NodeProto,
+    acc: onnx.NodeProto,
+    param: str,
+    gemm: RuntimeNode,
+    sparse: onnx.NodeProto,
+    rg: RuntimeGraph,
+    constants: dict[str, onnx.TensorProto],
+    infos: list[onnx.ValueInfoProto],
+) -> tuple[list[onnx.NodeProto], AccumulatedGradient]:
+    """The exact in-place form of ``Gemm(a, b, C=GatherGrad(shape, ids, dE))`` into the gradient
+    buffer (module docstring). With ``u`` the token ids that occur (``Unique``):
+
+    1. ``P = Gemm(a * keep, b)``, ``keep`` 0 on the rows ``u`` (of the Gemm's output) and 1 elsewhere:
+       outside ``u``, where ``C`` is zero, the same sums as onnxruntime's Gemm (``0 + x`` is
+       ``x``), and zeros on ``u``. It goes into the buffer as soon as it exists
+       (``InPlaceAccumulatorV2`` with the reset flag: a copy, or the addition ``buffer + P``
+       onnxruntime makes as ``buffer + Y`` there);
+    2. ``Y_u = Gemm(a[u], b, C=GatherGrad([|u|, n], inverse ids, dE))``: onnxruntime's Gemm on the
+       rows ``u`` (the same ``C`` rows, summed by the same kernel in the same order, only renumbered;
+       the same inner products, whose blocking depends on the inner and column sizes, not the rows);
+    3. ``D = GatherGrad(shape, u, Y_u)``: dense, ``Y_u`` on the rows ``u`` (``0 + y``), zeros
+       elsewhere, added to the buffer last (never a reset: ``(buffer + 0) + y``).
+
+    Each element of the buffer gets onnxruntime's additions, with gradients reset or accumulated,
+    and at most one parameter-sized partial exists at a time.
+    """
+    a, b = gemm.inputs[0], gemm.inputs[1]
+    trans_a, trans_b = int(gemm.attrs.get("transA", 0)), int(gemm.attrs.get("transB", 0))
+    alpha, beta = float(gemm.attrs.get("alpha", 1.0)), float(gemm.attrs.get("beta", 1.0))
+    shape, ids, d_embed = sparse.input[0], sparse.input[1], sparse.input[2]
+    buffer, reset = acc.input[0], (acc.input[2] if len(acc.input) > 2 else "")
+    prefix = f"{tags.ACCUMULATE_PREFIX}{param}"
+
+    def name(s: str) -> str:
+        return f"{prefix}/{s}"
+
+    minus_one = _constant(constants, f"{tags.ACCUMULATE_PREFIX}minus_one", np.array([-1], dtype=np.int64))
+    zero = _constant(constants, f"{tags.ACCUMULATE_PREFIX}zero", np.array([0], dtype=np.int64))
+    one = _constant(constants, f"{tags.ACCUMULATE_PREFIX}one", np.array([1], dtype=np.int64))
+    end = _constant(constants, f"{tags.ACCUMULATE_PREFIX}int_max", np.array([np.iinfo(np.int64).max], dtype=np.int64))
+    never = _constant(constants, f"{tags.ACCUMULATE_PREFIX}add", np.array([False]))
+    row_axis = 1 if trans_a else 0  # the axis of ``a`` that indexes the rows of the Gemm's output
+
+    def node(op: str, inputs: list[str], outputs: list[str], step: str, domain: str = "", **attrs) -> onnx.NodeProto:
+        return helper.make_node(op, inputs, outputs, name=name(step), domain=domain, **attrs)
+
+    nodes = [
+        node("Reshape", [ids, minus_one], [name("ids")], "flatten_ids"),
+        node("Unique", [name("ids")], [name("u"), "", name("inverse"), ""], "unique", sorted=1),
+        node("Shape", [ids], [name("ids_shape")], "ids_shape"),
+        node("Reshape", [name("inverse"), name("ids_shape")], [name("inverse_ids")], "inverse_ids"),
+        node("Shape", [name("u")], [name("u_count")], "u_count"),
+        node("Slice", [shape, one, end], [name("row_shape")], "row_shape"),
+        node("Concat", [name("u_count"), name("row_shape")], [name("rows_shape")], "rows_shape", axis=0),
+        node("GatherGrad", [name("rows_shape"), name("inverse_ids"), d_embed], [name("c_rows")], "c_rows", MS_DOMAIN),
+        node("Gather", [a, name("u")], [name("a_rows")], "a_rows", axis=row_axis),
+        node(
+            "Gemm",
+            [name("a_rows"), b, name("c_rows")],
+            [name("y_rows")],
+            "y_rows",
+            transA=trans_a,
+            transB=trans_b,
+            alpha=alpha,
+            beta=beta,
+        ),
+        node("Slice", [shape, zero, one], [name("row_count")], "row_count"),
+        node("ConstantOfShape", [name("row_count")], [name("ones")], "ones", value=_float_tensor(1.0)),
+        node("ConstantOfShape", [name("u_count")], [name("zeros")], "zeros", value=_float_tensor(0.0)),
+        node("ScatterElements", [name("ones"), name("u"), name("zeros")], [name("keep")], "keep", axis=0),
+    ]
+    keep = name("keep")
+    if row_axis == 0:  # ``a`` is [rows, inner]: keep as a column
+        nodes.append(node("Unsqueeze", [keep, minus_one], [name("keep_column")], "keep_column"))
+        keep = name("keep_column")
+    nodes += [
+        node("Mul", [a, keep], [name("a_kept")], "a_kept"),
+        node("Gemm", [name("a_kept"), b], [name("dense")], "dense", transA=trans_a, transB=trans_b, alpha=alpha),
+    ]
+    step = _accumulator(param, 1, buffer, name("dense"), reset, buffer)
+    nodes += [step, _anchor(step)]
+    nodes += [
+        node("GatherGrad", [shape, name("u"), name("y_rows")], [name("rows_dense")], "rows_dense", MS_DOMAIN),
+        helper.make_node(
+            "InPlaceAccumulatorV2",
+            [step.output[1], name("rows_dense"), never],
+            list(acc.output),
+            name=acc.name,
+            domain=MS_DOMAIN,
+        ),
+    ]
+    for n in nodes:
+        if not n.doc_string:
+            _tag(n, f"onnx-remat: the tied gradient of {param} ({total.name}, a Gemm in onnxruntime), in place")
+    # onnxruntime infers neither GatherGrad's output shape from a computed shape nor Unique's:
+    # the parameter-sized tensors are declared, as generate_artifacts declares its gradients.
+    param_dims = rg.sizes.raw_dims(total.output[0]) or rg.sizes.raw_dims(sparse.output[0])
+    a_dims = rg.sizes.raw_dims(a)
+    for t, dims in ((name("dense"), param_dims), (name("rows_dense"), param_dims), (name("a_kept"), a_dims)):
+        if dims is not None:
+            infos.append(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, list(dims)))
+    return nodes, AccumulatedGradient(
+        param, [name("dense"), name("rows_dense")], "inplace", fused_gemm=True, nodes=[n.name for n in nodes]
+    )
+
+
+def _float_tensor(value: float) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.array([value], dtype=np.float32), "value")

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, cast
 import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.emulation import Emulation, emulate, keep_random_order
 from onnx_remat.ortsim.planner import plan_memory
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
@@ -222,6 +223,7 @@ class OrderedGraph:
     emulation: Emulation | None
     schedule: ScheduleResult | None
     pins: list[str]
+    workarounds: list[str] = field(default_factory=list)  # kernels in a form onnxruntime computes correctly
 
 
 def order_rewrite(
@@ -240,17 +242,20 @@ def order_rewrite(
     ``dims`` binds symbolic dimensions. Without ``schedule``, ``emulation`` (whether the caller
     needs the emulation of the result) and two random ops to order, nothing is emulated. Used by
     :func:`onnx_remat.apply` and the budget planner, so every graph they write is ordered the same
-    way; ``model`` is not changed.
+    way; ``model`` is not changed. Kernels whose result depends on where tensors live (a reorder
+    would change it) are first put in a form onnxruntime computes correctly
+    (:mod:`onnx_remat.graph.kernel_workarounds`).
     """
+    model, workarounds = fix_grouped_conv_grads(model)
     if not schedule and not emulation and len(random_order) < 2:
-        return OrderedGraph(model, None, None, [])
+        return OrderedGraph(model, None, None, [], workarounds)
     emu = emulate(model, TensorSizes(model, dims))
     if schedule:
         result = MemorySchedule(grad_accumulation=grad_accumulation)(emu, random_order=random_order)
         assert result.emulation is not None
-        return OrderedGraph(result.model, result.emulation, result, list(result.pins))
+        return OrderedGraph(result.model, result.emulation, result, list(result.pins), workarounds)
     emu, pins = keep_random_order(emu, random_order)
-    return OrderedGraph(emu.model, emu, None, pins)
+    return OrderedGraph(emu.model, emu, None, pins, workarounds)
 
 
 # -- onnx_remat.schedule: the command's library function -------------------------------------------
@@ -331,7 +336,12 @@ def schedule(
     check_dims(analysis)
     original = emulate(analysis.model, analysis.sizes)
     before = estimate_emulated(analysis, original)
-    result = MemorySchedule(grad_accumulation=grad_accumulation)(original, random_order=original.random_order())
+    fixed, workarounds = fix_grouped_conv_grads(analysis.model)
+    given = original if fixed is analysis.model else emulate(fixed, analysis.sizes)
+    result = MemorySchedule(grad_accumulation=grad_accumulation)(given, random_order=original.random_order())
+    if workarounds:
+        result.notes.append(WORKAROUND_NOTE.format(n=len(workarounds)))
+        result.chosen = result.chosen or Candidate("as given", "as written", result.planned_peak_after)
     after = estimate_emulated(analysis, result.emulation) if result.changed and result.emulation else before
     check_runtime_support(result.model, "scheduled model")
     return ScheduledModel(result.model, result, analysis, before, after)

@@ -86,6 +86,7 @@ def _run(model, feeds, reset):
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     run_feeds = {k: v.copy() for k, v in feeds.items()}
     run_feeds["lazy_reset_grad"] = np.array([reset])
+    run_feeds.setdefault("ids", np.arange(40, dtype=np.int64).reshape(4, 10) % M)
     sess.run(None, {i.name: run_feeds[i.name] for i in sess.get_inputs()})
     return run_feeds[BUFFER]
 
@@ -159,7 +160,9 @@ def test_a_sum_onnxruntime_fuses_into_a_gemm():
     model = gemm_plus_partial()
     inplace = _accumulate(model, "inplace")
     assert inplace.gradients == [] and inplace.model is model
-    assert inplace.skipped == [("w", "onnxruntime fuses its sum into a Gemm: kept as written")]
+    assert inplace.skipped == [
+        ("w", "onnxruntime fuses its sum into a Gemm: kept as written (its C is not an embedding's GatherGrad)")
+    ]
     early = _accumulate(model, "early")
     (acc,) = early.gradients
     assert acc.fused_gemm and acc.partials == ["w_grad_1", "w_grad_0"]  # the Gemm's C first
@@ -174,6 +177,45 @@ def test_a_sum_onnxruntime_fuses_into_a_gemm():
         if n.op_type == "Sum":
             n.op_type = "Add"  # Gemm + Add: no GemmSumFusion (it matches Sum only)
     assert not _bits_equal(_run(model, feeds, True), _run(split, feeds, True))
+
+
+def tied_embedding(k=300, tokens=40):
+    """The tied embedding's gradient: Sum(Gemm(dY^T, H), GatherGrad(shape(w), ids, dE)), which
+    onnxruntime fuses into Gemm(dY^T, H, C=GatherGrad(...)); ids repeat, k above the kernel's block."""
+    nodes = [
+        helper.make_node("Gemm", ["A", "B"], ["w_grad_0"], name="gemm", transA=1),
+        helper.make_node("Shape", ["w"], ["w_shape"], name="shape"),
+        helper.make_node(
+            "GatherGrad", ["w_shape", "ids", "dE"], ["w_grad_1"], name="gather_grad", domain="com.microsoft"
+        ),
+    ]
+    inputs = [
+        _vi("A", [k, M]),
+        _vi("B", [k, N]),
+        _vi("w", [M, N]),
+        _vi("ids", [4, tokens // 4], TensorProto.INT64),
+        _vi("dE", [4, tokens // 4, N]),
+    ]
+    model = _model(nodes, inputs, ["w_grad_0", "w_grad_1"])
+    model.graph.value_info.append(_vi("w_grad_1", [M, N]))  # as generate_artifacts declares gradients
+    return model
+
+
+def test_the_tied_embeddings_fused_gemm_is_accumulated_in_place_exactly():
+    """The Gemm's rows where C is zero go into the buffer at once, the rows of the ids that occur
+    are the fused Gemm's own (C restricted to them), added last: the same bits, reset or not."""
+    model = tied_embedding()
+    result = _accumulate(model, "inplace")
+    (acc,) = result.gradients
+    assert acc.parameter == "w" and acc.mode == "inplace" and acc.fused_gemm
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "Sum" not in ops and ops.count("InPlaceAccumulatorV2") == 2 and "Unique" in ops
+    assert not any(n.name in ("gemm", "gather_grad") for n in result.model.graph.node)  # dead partials removed
+    rng = np.random.default_rng(3)
+    feeds = _feeds(model)
+    feeds["ids"] = rng.integers(0, M // 2, (4, 10)).astype(np.int64)  # repeated ids, half the rows untouched
+    for reset in (True, False):
+        assert _bits_equal(_run(model, feeds, reset), _run(result.model, feeds, reset)), reset
 
 
 def test_sum_mode_and_shared_partials_leave_the_graph_alone():
