@@ -11,6 +11,7 @@ depends on an unbound symbol, or on nothing known, is ``None``, never a silent z
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -29,6 +30,9 @@ def dtype_size(elem_type: int) -> int | None:
         return int(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem_type)).itemsize)
     except (KeyError, TypeError, ValueError):
         return None
+
+
+_ITEMSIZE: dict[int, int | None] = {}  # element type -> bytes (dtype_size, memoized: asked per tensor)
 
 
 def _dims_of(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None] | None:
@@ -59,6 +63,9 @@ class TensorSizes:
     def __init__(self, model: onnx.ModelProto, dims: Mapping[str, int] | None = None, *, infer: bool = True):
         self.dims: dict[str, int] = dict(dims or {})
         self._info: dict[str, tuple[int, tuple[Dim, ...] | None]] = {}
+        # nbytes per name, asked for every tensor of every plan the emulation makes; emptied when a
+        # shape is added (the dims are bound at construction and not changed afterwards)
+        self._nbytes: dict[str, int | None] = {}
         self.inference_error: str | None = None
         self._add_graph(model.graph)
         if infer:
@@ -72,6 +79,7 @@ class TensorSizes:
             old = self._info.get(vi.name)
             if overwrite or old is None or (old[1] is None and info[1] is not None):
                 self._info[vi.name] = info
+                self._nbytes.clear()
 
     def _add_graph(self, graph: onnx.GraphProto) -> None:
         for init in graph.initializer:
@@ -117,17 +125,24 @@ class TensorSizes:
 
     def nbytes(self, name: str) -> int | None:
         """Size in bytes, or None when the shape or element type is unknown or symbolic."""
+        if name in self._nbytes:
+            return self._nbytes[name]
+        value = self._nbytes[name] = self._compute_nbytes(name)
+        return value
+
+    def _compute_nbytes(self, name: str) -> int | None:
         info = self._lookup(name)
         if info is None:
             return None
         shape = self.shape(name)
-        itemsize = dtype_size(info[0])
+        et = info[0]
+        itemsize = _ITEMSIZE[et] if et in _ITEMSIZE else _ITEMSIZE.setdefault(et, dtype_size(et))
         if shape is None or itemsize is None:
             return None
         ints = [d for d in shape if isinstance(d, int)]
         if len(ints) != len(shape):
             return None
-        return int(np.prod(ints, dtype=np.int64)) * itemsize
+        return math.prod(ints) * itemsize
 
     # -- hooks for the memory estimator (onnx_remat.estimate); they leave the lookups above as they are --
 
@@ -136,6 +151,7 @@ class TensorSizes:
         new = TensorSizes.__new__(TensorSizes)
         new.dims = dict(self.dims)
         new._info = dict(self._info)
+        new._nbytes = dict(self._nbytes)
         new.inference_error = self.inference_error
         return new
 

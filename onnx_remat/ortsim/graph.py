@@ -60,6 +60,10 @@ class RuntimeGraph:
     graph_output_set: set[str] = field(default_factory=set, repr=False)
     _values: dict[str, np.ndarray | None] = field(default_factory=dict, repr=False)
     _prods: dict[int, list[int]] = field(default_factory=dict, repr=False)  # producers per node, kept valid by edits
+    # The DEFAULT order and the graph state it was computed for: every edit the optimizer makes is
+    # counted in ``rewrites`` (or adds a node), so an unchanged count means an unchanged graph. The
+    # fixed-point loops ask for the order once per pass, and most passes change nothing.
+    _order: tuple[tuple[int, int], list[int]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.graph_output_set = set(self.graph_outputs)
@@ -77,6 +81,7 @@ class RuntimeGraph:
 
     def reindex(self) -> None:
         """Rebuild the producer / consumer maps (one entry per input occurrence)."""
+        self._order = None
         self.producer = {}
         self.consumers = {}
         self._prods = {}
@@ -115,8 +120,7 @@ class RuntimeGraph:
         return sum(len(self.consumers.get(o, ())) for o in node.outputs if o)
 
     def produces_graph_output(self, node: RuntimeNode) -> bool:
-        outs = self.graph_output_set
-        return any(o in outs for o in node.outputs)
+        return not self.graph_output_set.isdisjoint(node.outputs)
 
     def has_op(self, *keys: tuple[str, str]) -> bool:
         """True if some live node has one of the (domain, op) ``keys``."""
@@ -129,6 +133,7 @@ class RuntimeGraph:
     # -- edits that keep the maps consistent ------------------------------------------------
 
     def remove(self, node: RuntimeNode) -> None:
+        self._order = None
         self.nodes[node.index] = None
         self._prods.pop(node.index, None)
         self._touch_readers(o for o in node.outputs if o)
@@ -156,6 +161,7 @@ class RuntimeGraph:
         return node
 
     def replace_input(self, node: RuntimeNode, old: str, new: str) -> None:
+        self._order = None
         self._prods.pop(node.index, None)
         for k, t in enumerate(node.inputs):
             if t == old:
@@ -175,7 +181,15 @@ class RuntimeGraph:
     # -- orders ---------------------------------------------------------------------------
 
     def default_order(self) -> list[int]:
-        """onnxruntime's DEFAULT execution order of the current graph (node indices)."""
+        """onnxruntime's DEFAULT execution order of the current graph (node indices; a new list)."""
+        state = (sum(self.rewrites.values()), len(self.nodes))
+        if self._order is not None and self._order[0] == state:
+            return list(self._order[1])
+        order = self._default_order()
+        self._order = (state, order)
+        return list(order)
+
+    def _default_order(self) -> list[int]:
         producers: dict[int, list[int]] = {}
         has_consumer: set[int] = set()
         indices: list[int] = []

@@ -21,6 +21,8 @@ on CPU.
 
 from __future__ import annotations
 
+import functools
+
 from onnx_remat.graph.conventions import MS_DOMAIN as MS
 
 # (domain, op) -> [(input index, output index)]
@@ -85,6 +87,7 @@ def op_key(domain: str, op: str) -> tuple[str, str]:
     return ("" if domain in ("", "ai.onnx") else domain, op)
 
 
+@functools.cache
 def alias_input(domain: str, op: str, output_index: int, n_inputs: int) -> int | None:
     """The input whose buffer output ``output_index`` must share (Alias / VariadicAlias), or None."""
     key = op_key(domain, op)
@@ -99,9 +102,10 @@ def alias_input(domain: str, op: str, output_index: int, n_inputs: int) -> int |
     return None
 
 
-def inplace_inputs(domain: str, op: str, output_index: int, n_inputs: int) -> list[int]:
+@functools.cache
+def inplace_inputs(domain: str, op: str, output_index: int, n_inputs: int) -> tuple[int, ...]:
     """Inputs whose buffer output ``output_index`` may take over (MayInplace), in declaration order."""
-    return [i for i, o in MAY_INPLACE.get(op_key(domain, op), ()) if o == output_index and i < n_inputs]
+    return tuple(i for i, o in MAY_INPLACE.get(op_key(domain, op), ()) if o == output_index and i < n_inputs)
 
 
 def written_inputs(domain: str, op: str) -> tuple[int, ...]:

@@ -31,6 +31,7 @@ Every step is O(log n) amortized (sorted gap list, per-shape free lists), no rec
 from __future__ import annotations
 
 import bisect
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +40,9 @@ from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
 
 ALIGNMENT = 256
+
+
+_element_size = functools.cache(dtype_size)  # per element type, asked for every tensor of every plan
 
 
 def align(n: int) -> int:
@@ -191,7 +195,7 @@ class _ShapeKeys:
         et = self.sizes.elem_type(t)
         if dims is None or not et:
             return None
-        return (dtype_size(et), tuple(dims))
+        return (_element_size(et), tuple(dims))
 
     def push(self, buf: str) -> None:
         self.seq += 1
