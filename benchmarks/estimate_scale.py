@@ -25,7 +25,8 @@ from pathlib import Path
 
 def _phases(path: Path) -> dict[str, float]:
     from onnx_remat.analysis.model import analyze_model
-    from onnx_remat.estimate import _regions, _scope_of_tensor, _scope_rows, estimate_graph
+    from onnx_remat.estimate import scope_rows
+    from onnx_remat.memory import estimate_graph, regions_of, scope_of_tensor
     from onnx_remat.ortsim.graph import runtime_graph
     from onnx_remat.ortsim.optimizer import optimize
     from onnx_remat.ortsim.planner import plan_memory
@@ -51,9 +52,9 @@ def _phases(path: Path) -> dict[str, float]:
     t["memory plan"] = time.perf_counter() - s
     s = time.perf_counter()
     est, _, _ = estimate_graph(
-        analysis.model, analysis.sizes.copy(), regions=_regions(analysis), scope_of_tensor=_scope_of_tensor(analysis)
+        analysis.model, analysis.sizes.copy(), regions=regions_of(analysis), scope_of_tensor=scope_of_tensor(analysis)
     )
-    _scope_rows(analysis, est)
+    scope_rows(analysis, est)
     t["estimate_graph+scopes"] = time.perf_counter() - s
     t["nodes"] = len(analysis.graph.order)
     t["executed"] = len(est.steps)

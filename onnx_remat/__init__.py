@@ -22,13 +22,14 @@ from onnx_remat.errors import EnvironmentProblem, RegressionError, RematError, U
 
 if TYPE_CHECKING:
     from onnx_remat.analysis.model import ModelAnalysis, analyze_model
-    from onnx_remat.remat.apply import ApplyResult, apply, plan
+    from onnx_remat.remat.apply import apply, plan
+    from onnx_remat.remat.result import ApplyResult
     from onnx_remat.scheduling.schedule import ScheduledModel, schedule
 
 _LAZY = {
     "ModelAnalysis": "onnx_remat.analysis.model",
     "analyze_model": "onnx_remat.analysis.model",
-    "ApplyResult": "onnx_remat.remat.apply",
+    "ApplyResult": "onnx_remat.remat.result",
     "apply": "onnx_remat.remat.apply",
     "plan": "onnx_remat.remat.apply",
     "ScheduledModel": "onnx_remat.scheduling.schedule",

@@ -57,117 +57,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import onnx
-
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
-from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.errors import RematError
-from onnx_remat.graph import tags
-from onnx_remat.graph.conventions import is_gradient_node_name
-from onnx_remat.ortsim.emulation import Emulation, emulate
-from onnx_remat.ortsim.graph import RuntimeGraph
-from onnx_remat.ortsim.planner import MemoryPlan
+from onnx_remat.memory import (
+    BACKWARD,
+    FORWARD,
+    RECOMPUTE,
+    LiveTensor,
+    MemoryEstimate,
+    Step,
+    check_dims,
+    estimate_emulated,
+    estimate_graph,
+    estimate_original,
+    estimate_rewritten,
+    memory_estimate,
+)
 
 if TYPE_CHECKING:
-    from onnx_remat.remat.apply import ApplyResult
-
-FORWARD, BACKWARD, RECOMPUTE = "forward", "backward", "recompute"
-
-
-@dataclass
-class Step:
-    """One executed node and the memory after its allocations."""
-
-    node: str
-    op: str
-    region: str  # forward, backward or recompute (clones and barriers)
-    live_bytes: int  # planned activations alive
-    block_bytes: int  # size of the planned block so far
-    outside_bytes: int  # activations of known size allocated outside the block, alive
-
-
-@dataclass
-class LiveTensor:
-    tensor: str
-    bytes: int
-    producer: str
-    region: str
-    scope: str | None
-
-    def to_json(self) -> dict:
-        return {
-            "tensor": self.tensor,
-            "bytes": self.bytes,
-            "producer": self.producer,
-            "region": self.region,
-            "scope": self.scope,
-        }
-
-
-@dataclass
-class MemoryEstimate:
-    """The estimated memory of one graph (before or after the rewrite)."""
-
-    planned_peak_bytes: int
-    peak_live_bytes: int
-    peak_step: int  # the step whose allocation gave the planned block its size
-    steps: list[Step]
-    live_at_peak: list[LiveTensor]
-    outside_block: list[tuple[str, int]]  # (tensor, bytes): sizes onnxruntime learns at run time
-    unknown: list[str]  # allocated tensors of unknown size (not counted anywhere)
-    order_source: str
-    runtime_rewrites: dict[str, int]
-    matched_order_nodes: int | None = None  # with a given execution order: nodes matched by name
-    order_names: list[str] = field(default_factory=list, repr=False)  # the model's node names, in run order
-
-    @property
-    def peak_node(self) -> str:
-        return self.steps[self.peak_step].node if self.steps else ""
-
-    @property
-    def peak_region(self) -> str:
-        return self.steps[self.peak_step].region if self.steps else ""
-
-    @property
-    def outside_block_bytes(self) -> int:
-        return sum(b for _, b in self.outside_block)
-
-    @property
-    def live_bytes(self) -> list[int]:
-        return [s.live_bytes for s in self.steps]
-
-    @property
-    def regions(self) -> list[str]:
-        return [s.region for s in self.steps]
-
-    def to_json(self, *, timeline: bool = True, top: int = 20) -> dict:
-        data = {
-            "planned_peak_bytes": self.planned_peak_bytes,
-            "peak_live_bytes": self.peak_live_bytes,
-            "peak_step": self.peak_step,
-            "peak_node": self.peak_node,
-            "peak_region": self.peak_region,
-            "executed_nodes": len(self.steps),
-            "order": self.order_source,
-            "matched_order_nodes": self.matched_order_nodes,
-            "runtime_rewrites": dict(self.runtime_rewrites),
-            "live_at_peak": [t.to_json() for t in self.live_at_peak[:top]],
-            "outside_block": {
-                "count": len(self.outside_block),
-                "bytes": self.outside_block_bytes,
-                "tensors": [{"tensor": n, "bytes": b} for n, b in self.outside_block[:top]],
-            },
-            "unknown": {"count": len(self.unknown), "tensors": self.unknown[:top]},
-        }
-        if timeline:
-            data["timeline"] = {
-                "nodes": [s.node for s in self.steps],
-                "region": [s.region for s in self.steps],
-                "live_bytes": [s.live_bytes for s in self.steps],
-                "block_bytes": [s.block_bytes for s in self.steps],
-                "outside_bytes": [s.outside_bytes for s in self.steps],
-            }
-        return data
+    from onnx_remat.remat.result import ApplyResult
 
 
 @dataclass
@@ -229,161 +136,7 @@ class EstimateResult:
         }
 
 
-# -- the estimate of one graph -------------------------------------------------------------
-
-
-def _region_of(names: Iterable[str], regions: dict[str, str]) -> str:
-    found = {regions.get(n, BACKWARD if is_gradient_node_name(n) else FORWARD) for n in names}
-    for r in (RECOMPUTE, BACKWARD, FORWARD):
-        if r in found:
-            return r
-    return FORWARD
-
-
-def estimate_graph(
-    model: onnx.ModelProto,
-    sizes: TensorSizes,
-    *,
-    regions: dict[str, str] | None = None,
-    scope_of_tensor: dict[str, str] | None = None,
-    execution_order: Sequence[str] | None = None,
-    runtime_optimizations: bool = True,
-) -> tuple[MemoryEstimate, MemoryPlan, RuntimeGraph]:
-    """Estimate one training graph (``sizes``: its tensor sizes; not changed).
-
-    ``regions`` maps node names to forward/backward/recompute (names not listed: by gradient
-    naming); ``scope_of_tensor`` names the scope of a tensor's producer for the peak listing;
-    ``execution_order`` (node names as onnxruntime ran them) replaces the emulated order.
-    Returns the estimate, the allocation plan and the graph onnxruntime runs.
-    """
-    emu = emulate(model, sizes, optimizations=runtime_optimizations, execution_order=execution_order)
-    return memory_estimate(emu, regions=regions, scope_of_tensor=scope_of_tensor), emu.plan, emu.rg
-
-
-def memory_estimate(
-    emu: Emulation, *, regions: dict[str, str] | None = None, scope_of_tensor: dict[str, str] | None = None
-) -> MemoryEstimate:
-    """The :class:`MemoryEstimate` of an emulated graph (``regions`` and ``scope_of_tensor`` as
-    :func:`estimate_graph` takes them): a query on the emulation, which is not run again."""
-    regions = regions or {}
-    rg, plan, order = emu.rg, emu.plan, emu.order
-    node_region = {}
-    steps: list[Step] = []
-    for k, i in enumerate(order):
-        n = rg.at(i)
-        region = _region_of(n.origin, regions)
-        node_region[n.index] = region
-        steps.append(Step(n.name, n.op, region, plan.live_bytes[k], plan.block_bytes[k], plan.dynamic_bytes[k]))
-    peak = plan.block_peak_step
-    at_peak: list[LiveTensor] = []
-    for t in plan.live_at(peak):
-        prod = rg.node_of(t.name)
-        at_peak.append(
-            LiveTensor(
-                tensor=t.name,
-                bytes=t.nbytes or 0,
-                producer=prod.name if prod else "",
-                region=node_region.get(prod.index, FORWARD) if prod else FORWARD,
-                scope=_scope_lookup(scope_of_tensor or {}, t.name),
-            )
-        )
-    outside = sorted(((n, plan.tensors[n].nbytes or 0) for n in plan.dynamic), key=lambda x: -x[1])
-    return MemoryEstimate(
-        planned_peak_bytes=plan.planned_peak_bytes,
-        peak_live_bytes=plan.peak_live_bytes,
-        peak_step=peak,
-        steps=steps,
-        live_at_peak=at_peak,
-        outside_block=outside,
-        unknown=list(plan.unknown),
-        order_source=emu.order_source,
-        runtime_rewrites=dict(rg.rewrites),
-        matched_order_nodes=emu.matched_order_nodes,
-        order_names=list(emu.names_in_order),
-    )
-
-
-def _scope_lookup(scope_of_tensor: dict[str, str], tensor: str) -> str | None:
-    found = scope_of_tensor.get(tensor)
-    if found is None and tensor.endswith(tags.CLONE_SUFFIX):
-        found = scope_of_tensor.get(tags.original_name(tensor))
-    return found
-
-
-def _regions(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> dict[str, str]:
-    """Node name -> forward / backward / recompute, for ``analysis``'s graph or its rewrite ``model``."""
-    tg = analysis.graph
-    out: dict[str, str] = {}
-    if model is not None:
-        for proto in model.graph.node:
-            if tags.is_recompute_name(proto.name):
-                out[proto.name] = RECOMPUTE
-            elif tags.is_accumulate_name(proto.name):
-                out[proto.name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
-    for n in tg.order:
-        if n.name and n.name not in out:
-            out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
-    return out
-
-
-def estimate_emulated(analysis: ModelAnalysis, emu: Emulation) -> MemoryEstimate:
-    """The estimate of an emulated graph that is ``analysis``'s own or a rewrite of it (clones and
-    barriers count as "recompute"): a query on ``emu``, which is not emulated again."""
-    return memory_estimate(emu, regions=_regions(analysis, emu.model), scope_of_tensor=_scope_of_tensor(analysis))
-
-
-def estimate_original(
-    analysis: ModelAnalysis, *, execution_order: Sequence[str] | None = None, runtime_optimizations: bool = True
-) -> MemoryEstimate:
-    """The estimate of the analysed graph itself (see :func:`estimate_graph` for the arguments)."""
-    check_dims(analysis)
-    emu = emulate(analysis.model, analysis.sizes, optimizations=runtime_optimizations, execution_order=execution_order)
-    return estimate_emulated(analysis, emu)
-
-
-def estimate_rewritten(
-    analysis: ModelAnalysis,
-    model: onnx.ModelProto,
-    *,
-    execution_order: Sequence[str] | None = None,
-    runtime_optimizations: bool = True,
-) -> MemoryEstimate:
-    """The estimate of ``model``, a rewrite of the analysed graph (clones count as "recompute")."""
-    check_dims(analysis)
-    emu = emulate(
-        model,
-        TensorSizes(model, analysis.sizes.dims),
-        optimizations=runtime_optimizations,
-        execution_order=execution_order,
-    )
-    return estimate_emulated(analysis, emu)
-
-
-def _scope_of_tensor(analysis: ModelAnalysis) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for n in analysis.graph.forward_nodes:
-        scope = analysis.scopes.scope_of(n)
-        if scope is not None and scope.path:
-            for o in n.outputs:
-                if o.name:
-                    out[o.name] = scope.path
-    return out
-
-
-def check_dims(analysis: ModelAnalysis) -> None:
-    """Raise a one-line :class:`RematError` naming the symbolic dimensions of the graph inputs
-    that ``dims`` leaves unbound (the estimate needs every size)."""
-    names = [t.name for t in analysis.graph.graph.inputs]
-    symbols = sorted(analysis.sizes.unbound_symbols(names))
-    if symbols:
-        example = " ".join(f"--dim {s}=N" for s in symbols)
-        raise RematError(
-            f"the graph inputs have symbolic dimensions without a value: {', '.join(symbols)}; "
-            f"give them, e.g. {example}"
-        )
-
-
-def _scope_rows(analysis: ModelAnalysis, before: MemoryEstimate, dropout: str) -> list[ScopeMemory]:
+def scope_rows(analysis: ModelAnalysis, before: MemoryEstimate, dropout: str) -> list[ScopeMemory]:
     from onnx_remat.analysis.scope_table import scope_report
 
     report = scope_report(analysis, dropout=dropout)
@@ -440,7 +193,8 @@ def estimate(
     Raises :class:`RematError` for symbolic dimensions without a value and selections that
     match nothing. Nothing is written.
     """
-    from onnx_remat.remat.apply import ApplyResult, apply
+    from onnx_remat.remat.apply import apply
+    from onnx_remat.remat.result import ApplyResult
 
     applied: ApplyResult | None = None
     if isinstance(model, ApplyResult):
@@ -465,7 +219,7 @@ def estimate(
         )
     result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
     if scope_table:
-        result.scopes = _scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
+        result.scopes = scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
     if applied is not None:
         after = applied.estimate_after if defaults and after_execution_order is None else None
         if after is None:
@@ -537,6 +291,9 @@ def _mib(n: int) -> str:
 
 
 __all__ = [
+    "BACKWARD",
+    "FORWARD",
+    "RECOMPUTE",
     "EstimateResult",
     "LiveTensor",
     "MemoryEstimate",

@@ -708,6 +708,29 @@ def write_artifacts(
     return dst
 
 
+def save_derived(
+    source: LoadedModel | None, model: onnx.ModelProto, out: str | os.PathLike, *, force: bool = False
+) -> Path:
+    """Write ``model``, a graph derived from ``source`` (a rewrite or a new order of it), to ``out``
+    atomically; returns where.
+
+    From an artifacts directory the output is a complete artifacts directory (checkpoint, eval and
+    optimizer models copied) unless ``out`` ends in ``.onnx``; otherwise a model file, with the
+    source's external data. Replacing an existing output needs ``force``; the source's files are
+    never replaced (:func:`check_output`). ``source`` None: a model given in memory.
+    """
+    out = Path(out)
+    if source is None:
+        return save_model(model, out, force=force)
+    inputs = tuple(source.files or [source.path]) + tuple(
+        p for p in (source.eval_model_path, source.checkpoint_path, source.artifacts_dir) if p is not None
+    )
+    external = source.external_data or None
+    if source.artifacts_dir is not None and out.suffix != ".onnx":
+        return write_artifacts(source.artifacts_dir, out, model, force=force, external_data=external)
+    return save_model(model, out, force=force, inputs=inputs, external_data=external)
+
+
 def remat_output(
     model: str | os.PathLike, output: str | os.PathLike | None = None, *, kind: str = "remat"
 ) -> tuple[Path, bool]:

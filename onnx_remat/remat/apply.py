@@ -13,8 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import onnx
@@ -23,106 +22,18 @@ from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError, UsageError
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
-from onnx_remat.model_io import remat_output, save_model, write_artifacts
 from onnx_remat.ortsim.emulation import Emulation, emulate
 from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.remat.budget import apply_budget
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
+from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
 from onnx_remat.scheduling.schedule import OrderedGraph, order_rewrite
 from onnx_remat.units import format_bytes, plural
 
 if TYPE_CHECKING:
-    from onnx_remat.estimate import MemoryEstimate
-    from onnx_remat.remat.budget import BudgetResult
-    from onnx_remat.scheduling.schedule import ScheduleResult
-
-
-@dataclass
-class ApplyResult:
-    """The rewritten training graph and what was done to it.
-
-    ``model`` is the new ``onnx.ModelProto``; ``plan`` the segments (with their stored bytes
-    released) and what was skipped; ``rewrite`` the clones and barriers added per segment;
-    ``analysis`` describes the input graph.
-    """
-
-    model: onnx.ModelProto
-    plan: RecomputePlan
-    rewrite: RewriteResult
-    analysis: ModelAnalysis
-    notes: list[str] = field(default_factory=list)
-    estimate_before: MemoryEstimate | None = None  # the original graph, when the peak was checked
-    estimate_after: MemoryEstimate | None = None  # the rewrite (scheduled, when it was)
-    schedule: ScheduleResult | None = None  # the memory schedule of the rewrite (None: not scheduled)
-    budget: BudgetResult | None = None  # how a memory budget was met (apply(..., budget=...))
-
-    @property
-    def released_bytes(self) -> int:
-        """Stored activation bytes the rewrite releases after the forward pass (known sizes only)."""
-        return self.plan.released_bytes
-
-    @property
-    def clone_count(self) -> int:
-        return self.rewrite.clone_count
-
-    def default_output(self) -> Path:
-        """Where :meth:`save` writes without a path: ``x.remat.onnx`` or ``<artifacts>_remat/`` in the
-        current directory (never beside the input, which may be read-only or a folder others scan)."""
-        src = self.analysis.source
-        if src is None:
-            raise RematError("the model was given in memory: give an output path")
-        return remat_output(src.artifacts_dir or src.path)[0]
-
-    def save(self, path: str | os.PathLike | None = None, *, force: bool = False) -> Path:
-        """Write the result atomically; returns where.
-
-        From an artifacts directory the output is a complete artifacts directory (checkpoint,
-        eval and optimizer models copied) unless ``path`` ends in ``.onnx``; otherwise a model
-        file. Replacing an existing output needs ``force``; the input files are never replaced
-        (:func:`onnx_remat.model_io.check_output`).
-        """
-        out = Path(path) if path is not None else self.default_output()
-        src = self.analysis.source
-        if src is None:
-            return save_model(self.model, out, force=force)
-        inputs = tuple(src.files or [src.path]) + tuple(
-            p for p in (src.eval_model_path, src.checkpoint_path, src.artifacts_dir) if p is not None
-        )
-        external = src.external_data or None
-        if src.artifacts_dir is not None and out.suffix != ".onnx":
-            return write_artifacts(src.artifacts_dir, out, self.model, force=force, external_data=external)
-        return save_model(self.model, out, force=force, inputs=inputs, external_data=external)
-
-    @property
-    def dropout(self) -> str:
-        """How dropout masks are kept: ``packed``, ``seed`` or ``byte`` (see :func:`apply`)."""
-        return self.plan.dropout
-
-    @property
-    def mask_bytes(self) -> int:
-        """Bytes the rewrite stores for the dropout masks its segments replay (each mask once)."""
-        return self.plan.mask_bytes
-
-    def summary(self) -> dict:
-        """JSON-ready summary: the model, counts and one entry per segment (with its ``masks`` and
-        ``mask_bytes``: the dropout masks its clones replay and the bytes stored for them)."""
-        return {
-            "model": self.analysis.name,
-            "graph": self.analysis.graph.counts(),
-            "scope_source": self.analysis.scopes.source,
-            "segments": [s.summary() for s in self.rewrite.segments],
-            "skipped": [{"label": s.label, "reason": s.reason} for s in self.plan.skipped],
-            "notes": self.plan.notes + self.notes,
-            "cloned_nodes": self.clone_count,
-            "released_bytes": self.released_bytes,
-            "schedule": self.schedule.summary() if self.schedule is not None else None,
-            "dropout": self.dropout,
-            "masks": len(self.plan.masks),
-            "mask_bytes": self.mask_bytes,
-            "dropout_seeds": dict(self.rewrite.dropout_seeds),
-            **({"budget": self.budget.summary()} if self.budget is not None else {}),
-        }
+    from onnx_remat.memory import MemoryEstimate
 
 
 SEED_NOTE = (
@@ -220,7 +131,7 @@ def apply(
     :func:`onnx_remat.remat.cost.node_costs`). ``ApplyResult.budget`` says how; a budget below the
     lowest reachable peak raises a RematError naming that peak.
     """
-    from onnx_remat.estimate import check_dims, estimate_emulated
+    from onnx_remat.memory import check_dims, estimate_emulated
     from onnx_remat.scheduling.accumulate import MODES
 
     if grad_accumulation not in MODES:
@@ -231,8 +142,6 @@ def apply(
     if budget is not None:
         if any(as_list(x) for x in (scopes, op_types)) or nodes or recompute_outputs:
             raise UsageError("give a budget or a selection (scopes, op types, nodes), not both")
-        from onnx_remat.remat.budget import apply_budget
-
         return apply_budget(
             analysis,
             budget,
@@ -332,7 +241,7 @@ def _rewrite_checked(
     """Rewrite ``full_plan``, order the result (random ops as the original draws them; scheduled),
     and, given the original's estimate ``before``, drop the segment that holds the most at the
     peak while the rewrite's estimated peak is above the original's."""
-    from onnx_remat.estimate import estimate_emulated
+    from onnx_remat.memory import estimate_emulated
 
     dropped: dict[str, str] = {}
     while True:

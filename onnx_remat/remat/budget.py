@@ -45,11 +45,12 @@ from typing import Any
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
-from onnx_remat.estimate import MemoryEstimate, check_dims, estimate_emulated
+from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
+from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
 from onnx_remat.remat.solve import Choice, Event, Problem, Solution, UnitSpec, min_budget, predict, solve
 from onnx_remat.scheduling.schedule import ScheduleResult, order_rewrite
@@ -755,7 +756,6 @@ def apply_budget(
     the peak of a plan that already fits (``ApplyResult.estimate_after`` is the graph written).
     """
     from onnx_remat.ortsim.registry import check_runtime_support
-    from onnx_remat.remat.apply import ApplyResult
 
     planner = BudgetPlanner(
         analysis, profile=profile, dropout=dropout, schedule=schedule, grad_accumulation=grad_accumulation

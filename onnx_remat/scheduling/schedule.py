@@ -37,7 +37,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -51,7 +51,7 @@ from onnx_remat.scheduling.realize import place_leaves
 
 if TYPE_CHECKING:
     from onnx_remat.analysis.model import ModelAnalysis, ModelLike
-    from onnx_remat.estimate import MemoryEstimate
+    from onnx_remat.memory import MemoryEstimate
 
 DEFAULT_ACCUMULATION = "inplace"
 
@@ -286,11 +286,10 @@ class ScheduledModel:
         """Write the result atomically, exactly as :meth:`onnx_remat.ApplyResult.save` writes a
         rewrite (an artifacts directory from one, else a model file; ``force`` to replace);
         returns where."""
-        from onnx_remat.remat.apply import ApplyResult
+        from onnx_remat.model_io import save_derived
 
-        # One implementation of "save a graph derived from this analysis": ApplyResult's, which
-        # reads only .analysis, .model and .default_output().
-        return ApplyResult.save(cast("ApplyResult", self), path, force=force)
+        out = Path(path) if path is not None else self.default_output()
+        return save_derived(self.analysis.source, self.model, out, force=force)
 
     def summary(self) -> dict:
         """JSON-ready: the model, the estimates before and after, and the schedule's choices."""
@@ -327,7 +326,7 @@ def schedule(
     """
     from onnx_remat.analysis.model import ModelAnalysis, analyze_model
     from onnx_remat.errors import RematError
-    from onnx_remat.estimate import check_dims, estimate_emulated
+    from onnx_remat.memory import check_dims, estimate_emulated
     from onnx_remat.ortsim.registry import check_runtime_support
 
     if grad_accumulation not in MODES:

@@ -51,7 +51,7 @@ from onnx_remat.model_io import write_file
 from onnx_remat.units import format_bytes
 
 if TYPE_CHECKING:
-    from onnx_remat.remat.apply import ApplyResult
+    from onnx_remat.remat.result import ApplyResult
 
 FORMATS = (".dot", ".svg", ".png", ".html")
 COLORS = {
@@ -152,7 +152,8 @@ def graph_view(
     (default: the first ``expand`` recomputed scope instances, or the first ``expand`` top-level
     scopes without a selection). Raises :class:`RematError` for patterns that match nothing.
     """
-    from onnx_remat.remat.apply import ApplyResult, apply, as_list
+    from onnx_remat.remat.apply import apply, as_list
+    from onnx_remat.remat.result import ApplyResult
 
     applied: ApplyResult | None = None
     if isinstance(model, ApplyResult):

@@ -267,7 +267,8 @@ def write_report(
         raise RematError(f"{out}: the report is an HTML page; give a .html path")
     check_output(out, force=force)
     date = report_date(timestamp)
-    from onnx_remat.remat.apply import ApplyResult, apply
+    from onnx_remat.remat.apply import apply
+    from onnx_remat.remat.result import ApplyResult
     from onnx_remat.show.graph_view import graph_view, graphviz_available, render, to_dot
 
     applied: ApplyResult | ModelAnalysis
