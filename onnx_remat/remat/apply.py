@@ -10,10 +10,8 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import onnx
@@ -22,18 +20,18 @@ from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
 from onnx_remat.errors import RematError, UsageError
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
-from onnx_remat.ortsim.emulation import Emulation, emulate
+from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.budget import apply_budget
-from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, SkippedSegment
+from onnx_remat.remat.pipeline import RewritePipeline
+from onnx_remat.remat.plan import Planner, RecomputePlan, Selection
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
 from onnx_remat.remat.result import ApplyResult
-from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
-from onnx_remat.scheduling.schedule import OrderedGraph, order_rewrite
+from onnx_remat.remat.rewrite import check_not_rewritten
 from onnx_remat.units import format_bytes, plural
 
 if TYPE_CHECKING:
-    from onnx_remat.memory import MemoryEstimate
+    pass
 
 
 SEED_NOTE = (
@@ -172,26 +170,26 @@ def apply(
             analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=mode
         )
 
-    checked = _rewrite_checked(
+    pipeline = RewritePipeline(
         analysis,
-        planned(dropout),
         original,
-        before,
-        schedule,
-        grad_accumulation,
-        dropout_seed,
+        schedule=schedule,
+        grad_accumulation=grad_accumulation,
+        dropout_seed=dropout_seed,
+        estimate=before is not None,
     )
-    if checked.rewrite.packed_masks and checked.after is not None:
+    checked = pipeline.checked(planned(dropout), before)
+    if checked.rewrite.packed_masks and checked.estimate is not None:
         # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
         # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
         # earlier block's masks again), the masks stay bytes.
-        byte = _rewrite_checked(analysis, planned("byte"), original, before, schedule, grad_accumulation, 0)
-        assert byte.after is not None
-        if byte.after.planned_peak_bytes < checked.after.planned_peak_bytes:
+        byte = pipeline.checked(planned("byte"), before)
+        assert byte.estimate is not None
+        if byte.estimate.planned_peak_bytes < checked.estimate.planned_peak_bytes:
             notes.append(
                 "dropout masks kept at one byte per element: packing them raises the estimated planned peak "
-                f"({format_bytes(checked.after.planned_peak_bytes)} against "
-                f"{format_bytes(byte.after.planned_peak_bytes)})"
+                f"({format_bytes(checked.estimate.planned_peak_bytes)} against "
+                f"{format_bytes(byte.estimate.planned_peak_bytes)})"
             )
             checked = byte
     result_model = checked.ordered.model
@@ -214,110 +212,6 @@ def apply(
         analysis=analysis,
         notes=notes,
         estimate_before=before,
-        estimate_after=checked.after,
+        estimate_after=checked.estimate,
         schedule=checked.ordered.schedule,
     )
-
-
-@dataclass
-class _Checked:
-    """A plan rewritten, ordered and (with the original's estimate) checked."""
-
-    plan: RecomputePlan
-    rewrite: RewriteResult
-    ordered: OrderedGraph
-    after: MemoryEstimate | None
-
-
-def _rewrite_checked(
-    analysis: ModelAnalysis,
-    full_plan: RecomputePlan,
-    original: Emulation | None,
-    before: MemoryEstimate | None,
-    schedule: bool,
-    grad_accumulation: str,
-    dropout_seed: int,
-) -> _Checked:
-    """Rewrite ``full_plan``, order the result (random ops as the original draws them; scheduled),
-    and, given the original's estimate ``before``, drop the segment that holds the most at the
-    peak while the rewrite's estimated peak is above the original's."""
-    from onnx_remat.memory import estimate_emulated
-
-    dropped: dict[str, str] = {}
-    while True:
-        recompute_plan = dataclasses.replace(
-            full_plan,
-            segments=[s for s in full_plan.segments if s.label not in dropped],
-            skipped=full_plan.skipped + [SkippedSegment(label, why) for label, why in dropped.items()],
-        )
-        if not recompute_plan.segments:
-            raise RematError(nothing_to_recompute(recompute_plan))
-        rewrite = RecomputeRewrite(dropout_seed=dropout_seed)(analysis.graph, recompute_plan)
-        ordered = order_rewrite(
-            rewrite.model,
-            analysis.sizes.dims,
-            random_order=original.random_order() if original is not None else [],
-            schedule=schedule,
-            grad_accumulation=grad_accumulation,
-            emulation=before is not None,
-        )
-        rewrite = dataclasses.replace(rewrite, random_order_pins=ordered.pins)
-        # The check is on the graph that will be written: the ordered (scheduled) rewrite.
-        after = estimate_emulated(analysis, ordered.emulation) if ordered.emulation and before is not None else None
-        if after is None or before is None or after.planned_peak_bytes <= before.planned_peak_bytes:
-            return _Checked(recompute_plan, rewrite, ordered, after)
-        label = _culprit(after, rewrite)
-        rise = after.planned_peak_bytes - before.planned_peak_bytes
-        to = format_bytes(after.planned_peak_bytes)
-        dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
-
-
-def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
-    """The one-line reason why a plan has no segment: each kind of reason once, with what it is about."""
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for s in recompute_plan.skipped:
-        groups.setdefault(s.reason.split(":")[0], []).append((f"segment {s.label}", s.reason))
-    for note in recompute_plan.notes:
-        if "nothing to recompute" not in note and "no stored activation" not in note:
-            continue
-        what, _, why = note.partition(": ")
-        groups.setdefault(why.split(" (")[0], []).append((what, why))
-    parts = []
-    for head, items in groups.items():
-        if len(items) == 1:
-            parts.append(f"{items[0][0]}: {items[0][1]}")
-        else:
-            kind = items[0][0].split()[0]
-            example = items[0][1][len(head) :].lstrip(": ")
-            detail = f" (e.g. {items[0][0].split(' ', 1)[-1]}: {example})" if example else ""
-            parts.append(f"{len(items)} {kind}s ({_span([w for w, _ in items])}): {head}{detail}")
-    if not parts:
-        parts = ["the selection holds no activation the backward pass reads"]
-    return "nothing to recompute: " + "; ".join(parts)
-
-
-def _span(whats: list[str]) -> str:
-    names = [w.split(" ", 1)[-1] for w in whats]
-    return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
-
-
-def _culprit(after, rewrite: RewriteResult) -> str:
-    """The segment whose recompute holds the most bytes at the rewrite's estimated peak."""
-    owner: dict[str, str] = {}
-    for seg in rewrite.segments:
-        for name in [seg.barrier or "", *seg.clones]:
-            owner[name] = seg.label
-    boundary: dict[str, list[str]] = {}
-    for seg in rewrite.segments:
-        for t in seg.segment.boundary:
-            boundary.setdefault(t.name, []).append(seg.label)
-    held: dict[str, int] = {}
-    for t in after.live_at_peak:
-        labels = [owner[t.producer]] if t.producer in owner else boundary.get(t.tensor, [])
-        for label in labels:
-            held[label] = held.get(label, 0) + t.bytes
-    if after.peak_node in owner:
-        held[owner[after.peak_node]] = held.get(owner[after.peak_node], 0) + 1
-    if held:
-        return max(held, key=lambda label: (held[label], label))
-    return rewrite.segments[-1].label

@@ -49,11 +49,12 @@ from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
+from onnx_remat.remat.pipeline import RewritePipeline
 from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
 from onnx_remat.remat.result import ApplyResult
-from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, check_not_rewritten
+from onnx_remat.remat.rewrite import RewriteResult, check_not_rewritten
 from onnx_remat.remat.solve import Choice, Event, Problem, Solution, UnitSpec, min_budget, predict, solve
-from onnx_remat.scheduling.schedule import ScheduleResult, order_rewrite
+from onnx_remat.scheduling.schedule import ScheduleResult
 from onnx_remat.units import format_bytes
 
 MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
@@ -275,7 +276,8 @@ class BudgetPlanner:
         original = emulate(analysis.model, analysis.sizes)
         self.baseline = estimate_emulated(analysis, original)
         self.baseline_parts = (self.baseline, original.plan, original.rg)
-        self._random_order = original.random_order()
+        # the planner's rounds are checked unscheduled; its reference plans and the floor as apply writes them
+        self.pipeline = RewritePipeline(analysis, original, schedule=False, grad_accumulation=grad_accumulation)
         self.model = build_model(analysis, self.costs, self.baseline_parts, dropout=dropout)
         self.max_group = max_group
         self.fix: dict[tuple, int] = {}  # corrections learnt from exact estimates (see learn())
@@ -428,15 +430,12 @@ class BudgetPlanner:
         return self._references
 
     def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
-        rewrite = RecomputeRewrite()(self.analysis.graph, plan)
-        ordered = order_rewrite(
-            rewrite.model, self.analysis.sizes.dims, random_order=self._random_order, schedule=False
-        )
-        assert ordered.emulation is not None
-        # The plan's graph is the rewrite with its random ops pinned where it reorders them.
-        rewrite = dataclasses.replace(rewrite, model=ordered.model, random_order_pins=ordered.pins)
-        emu = ordered.emulation
-        parts = (estimate_emulated(self.analysis, emu), emu.plan, emu.rg)
+        done = self.pipeline.run(plan)
+        emu = done.ordered.emulation
+        assert emu is not None and done.estimate is not None
+        # The plan's graph is the rewrite as ordered: random ops pinned where it reorders them.
+        rewrite = dataclasses.replace(done.rewrite, model=done.ordered.model)
+        parts = (done.estimate, emu.plan, emu.rg)
         cost = sum(self.costs.recompute_sum(s.recompute) for s in plan.segments)
         bp = BudgetPlan(source, plan, rewrite, parts[0], cost, self.costs.total, choices)
         bp.observed = self._observe(parts, rewrite, plan, owners)
@@ -580,13 +579,7 @@ class BudgetPlanner:
 
     def scheduled(self, rewrite: RewriteResult) -> tuple[ScheduleResult, MemoryEstimate]:
         """The memory schedule of a plan's rewrite (as ``apply`` writes it) and its exact estimate."""
-        ordered = order_rewrite(
-            rewrite.model,
-            self.analysis.sizes.dims,
-            random_order=self._random_order,
-            schedule=True,
-            grad_accumulation=self.grad_accumulation,
-        )
+        ordered = self.pipeline.order(rewrite.model, schedule=True)
         assert ordered.schedule is not None and ordered.emulation is not None
         return ordered.schedule, estimate_emulated(self.analysis, ordered.emulation)
 

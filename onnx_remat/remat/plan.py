@@ -744,3 +744,32 @@ class Planner:
                 )
             )
         return None
+
+
+def nothing_to_recompute(recompute_plan: RecomputePlan) -> str:
+    """The one-line reason why a plan has no segment: each kind of reason once, with what it is about."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for s in recompute_plan.skipped:
+        groups.setdefault(s.reason.split(":")[0], []).append((f"segment {s.label}", s.reason))
+    for note in recompute_plan.notes:
+        if "nothing to recompute" not in note and "no stored activation" not in note:
+            continue
+        what, _, why = note.partition(": ")
+        groups.setdefault(why.split(" (")[0], []).append((what, why))
+    parts = []
+    for head, items in groups.items():
+        if len(items) == 1:
+            parts.append(f"{items[0][0]}: {items[0][1]}")
+        else:
+            kind = items[0][0].split()[0]
+            example = items[0][1][len(head) :].lstrip(": ")
+            detail = f" (e.g. {items[0][0].split(' ', 1)[-1]}: {example})" if example else ""
+            parts.append(f"{len(items)} {kind}s ({_span([w for w, _ in items])}): {head}{detail}")
+    if not parts:
+        parts = ["the selection holds no activation the backward pass reads"]
+    return "nothing to recompute: " + "; ".join(parts)
+
+
+def _span(whats: list[str]) -> str:
+    names = [w.split(" ", 1)[-1] for w in whats]
+    return ", ".join(names) if len(names) <= 3 else f"{names[0]} … {names[-1]}"
