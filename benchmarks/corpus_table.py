@@ -1,6 +1,8 @@
 """The README table of the corpus of real architectures: per model and exporter, the training
 graph's nodes, the planned peak before -> after per-layer recompute (measured by onnxruntime),
-the estimate beside it, and whether loss and gradients are bit-identical.
+the estimate beside it, whether loss and gradients are bit-identical, and the same for a memory
+budget (``apply --budget``, default 80% of the unrewritten planned peak; a budget below the
+lowest peak the planner reaches is a one-line refusal naming that peak, shown as such).
 
     python -m benchmarks.corpus_table [NAME ...] [--out benchmarks/results/corpus.md] [--cache DIR]
 
@@ -30,7 +32,7 @@ def _mib(n: int | None) -> str:
     return "?" if n is None else f"{n / MiB:.2f}"
 
 
-def measure_one(name: str, cache: Path) -> dict:
+def measure_one(name: str, cache: Path, budget: str = "80%") -> dict:
     """Export (if needed), rewrite per layer, compare; the row's figures."""
     import onnx
 
@@ -69,14 +71,40 @@ def measure_one(name: str, cache: Path) -> dict:
         "clones_kept": c.b.rewrite.clones_kept if c.b.rewrite else None,
         "barriers_kept": c.b.rewrite.barriers_kept if c.b.rewrite else None,
         "apply_s": round(apply_s, 2),
+        **_budget_row(src, budget),
+    }
+
+
+def _budget_row(src: Path, budget: str) -> dict:
+    """``apply --budget`` on ``src``: its measured planned peak and equality, or the refusal."""
+    import onnx_remat
+    from onnx_remat.errors import RematError
+    from onnx_remat.runtime.compare import compare
+
+    try:
+        result = onnx_remat.apply(src, budget=budget)
+    except RematError as exc:
+        return {"budget": budget, "budget_refused": str(exc)}
+    if not result.rewrite.segments:
+        return {"budget": budget, "budget_planned": None, "budget_note": "the unrewritten graph fits"}
+    with tempfile.TemporaryDirectory() as tmp:
+        c = compare(src, result.save(Path(tmp) / "budget"), steps=1, warmup=1, live=False)
+    assert result.budget is not None
+    return {
+        "budget": budget,
+        "budget_bytes": result.budget.budget,
+        "budget_planned": c.b.planned_peak_bytes,
+        "budget_estimate": result.estimate_after.planned_peak_bytes if result.estimate_after else None,
+        "budget_equal": c.equal,
+        "budget_source": result.budget.chosen.source,
     }
 
 
 def table(rows: list[dict]) -> str:
     lines = [
         "| model | exporter | training nodes | layers recomputed | planned peak before → after (measured) | ratio "
-        "| estimate before → after | loss and gradients |",
-        "|---|---|---:|---|---|---:|---|---|",
+        "| estimate before → after | loss and gradients | `--budget 80%`: planned peak (measured), gradients |",
+        "|---|---|---:|---|---|---:|---|---|---|",
     ]
     for r in rows:
         ratio = r["planned_after"] / r["planned_before"] if r["planned_before"] else None
@@ -86,9 +114,22 @@ def table(rows: list[dict]) -> str:
             f"| {r['segments']} × `{r['block_scope']}` "
             f"| {_mib(r['planned_before'])} → {_mib(r['planned_after'])} MiB | x{ratio:.2f} "
             f"| {_mib(r['estimate_before'])} → {_mib(r['estimate_after'])} MiB "
-            f"| {'bit-identical' if r['equal'] else 'DIFFERENT'} |"
+            f"| {'bit-identical' if r['equal'] else 'DIFFERENT'} | {_budget_cell(r)} |"
         )
     return "\n".join(lines)
+
+
+def _budget_cell(r: dict) -> str:
+    if "budget" not in r:
+        return "-"
+    if r.get("budget_refused"):
+        floor = r["budget_refused"].split("reaches for this graph, ")[-1].split(" (")[0]
+        return f"refused: below the floor, {floor}"
+    if r.get("budget_planned") is None:
+        return r.get("budget_note", "-")
+    ratio = r["budget_planned"] / r["planned_before"] if r["planned_before"] else 0
+    same = "bit-identical" if r["budget_equal"] else "DIFFERENT"
+    return f"{_mib(r['budget_planned'])} MiB (x{ratio:.2f}), {same}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="corpus models (default: all)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown output (JSON beside it)")
     parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help="where the exports are kept")
+    parser.add_argument("--budget", default="80%", help="the memory budget of the budget column (default 80%%)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from models.corpus import CORPUS
@@ -103,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.names or list(CORPUS)
     rows = []
     for name in names:
-        row = measure_one(name, args.cache)
+        row = measure_one(name, args.cache, args.budget)
         print(
             f"{name}: {_mib(row['planned_before'])} -> {_mib(row['planned_after'])} MiB, equal={row['equal']}",
             file=sys.stderr,
@@ -122,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     write_file(args.out, header + text + "\n", force=True)  # the table is rewritten on every run
     write_file(args.out.with_suffix(".json"), json.dumps(rows, indent=1) + "\n", force=True)
     print(text)
-    return 0 if all(r["equal"] for r in rows) else 1
+    return 0 if all(r["equal"] and r.get("budget_equal", True) for r in rows) else 1
 
 
 if __name__ == "__main__":
