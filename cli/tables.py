@@ -17,7 +17,8 @@ from rich.text import Text
 
 from onnx_remat.runtime.compare import Comparison
 from onnx_remat.runtime.kept import RewriteCheck
-from onnx_remat.runtime.measure import FORWARD_ONLY_NOTE, Measurement, ProgressEvent
+from onnx_remat.runtime.measure import Measurement, ProgressEvent
+from onnx_remat.runtime.prepared import FORWARD_ONLY_NOTE
 from onnx_remat.units import format_bytes
 
 _MEMORY_ROWS = (

@@ -225,14 +225,28 @@ def infer_runtime_shapes(
     model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 1024
 ) -> RuntimeShapeReport:
     """Infer the shapes onnxruntime would know and add them to ``sizes`` (see the module docstring)."""
-    graph = model.graph
-    opsets = {op.domain or "": op.version for op in model.opset_import}
-    default_opset = opsets.get("", opsets.get("ai.onnx", 17))
+    nodes = list(model.graph.node)
+    inference = _NodeInference(model, sizes, _small_constants(model.graph, nodes, max_constant_elements))
+    report = inference.report
+    for i in index_order([n.input for n in nodes], [n.output for n in nodes]):
+        node = nodes[i]
+        outs = [o for o in node.output if o]
+        if not outs or all(sizes.declared(o) for o in outs):
+            continue
+        inference.infer(node)
+        for o in outs:
+            if not sizes.declared(o):
+                report.unknown.append(o)
+    return report
+
+
+def _small_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], max_elements: int) -> dict[str, TensorProto]:
+    """The values onnx's inference may read (a Reshape's shape, ...): initializers of at most
+    ``max_elements`` elements, then the value of every ``Constant`` node (named by its output)."""
     constants: dict[str, TensorProto] = {}
     for init in graph.initializer:
-        if int(np.prod(init.dims, dtype=np.int64)) <= max_constant_elements:
+        if int(np.prod(init.dims, dtype=np.int64)) <= max_elements:
             constants[init.name] = init
-    nodes = list(graph.node)
     for n in nodes:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output:
             for a in n.attribute:
@@ -241,91 +255,108 @@ def infer_runtime_shapes(
                     t.CopyFrom(a.t)
                     t.name = n.output[0]
                     constants[t.name] = t
-    report = RuntimeShapeReport()
-    new_infos: list[onnx.ValueInfoProto] = []
-    schema_cache: dict[tuple[str, str], onnx.defs.OpSchema | None] = {}
+    return constants
 
-    def known(name: str) -> tuple[int | None, Shape | None]:
+
+class _NodeInference:
+    """The output shapes of one node at a time, added to ``sizes`` as they are inferred: by a rule
+    of :data:`RULES` (onnxruntime's own schemas) or by onnx's inference of the node alone."""
+
+    def __init__(self, model: onnx.ModelProto, sizes: TensorSizes, constants: dict[str, TensorProto]):
+        opsets = {op.domain or "": op.version for op in model.opset_import}
+        self.default_opset = opsets.get("", opsets.get("ai.onnx", 17))
+        self.sizes = sizes
+        self.constants = constants
+        self.report = RuntimeShapeReport()
+        self.schema_cache: dict[tuple[str, str], onnx.defs.OpSchema | None] = {}
+
+    def known(self, name: str) -> tuple[int | None, Shape | None]:
+        """The element type and, where onnxruntime would know it, the shape of tensor ``name``."""
+        sizes = self.sizes
         if not name or not sizes.declared(name):
             return (sizes.elem_type(name) if name else None), None
         return sizes.elem_type(name), sizes.raw_dims(name)
 
-    def add(name: str, elem_type: int | None, dims: Shape | None) -> bool:
+    def add(self, name: str, elem_type: int | None, dims: Shape | None) -> bool:
+        """Declare ``name``'s type and shape in ``sizes``; False where either is missing."""
         if not name or dims is None or not elem_type:
             return False
         vi = helper.make_value_info(name, _type_proto(elem_type, dims))
-        new_infos.append(vi)
-        sizes.add_value_infos([vi])
-        report.added += 1
+        self.sizes.add_value_infos([vi])
+        self.report.added += 1
         return True
 
-    for i in index_order([n.input for n in nodes], [n.output for n in nodes]):
-        node = nodes[i]
-        outs = [o for o in node.output if o]
-        if not outs or all(sizes.declared(o) for o in outs):
-            continue
+    def schema(self, key: tuple[str, str]) -> onnx.defs.OpSchema | None:
+        """onnx's schema of ``(domain, op type)`` at the model's opset (None if it has none), cached."""
+        if key not in self.schema_cache:
+            domain, op_type = key
+            try:
+                self.schema_cache[key] = onnx.defs.get_schema(op_type, self.default_opset, domain)
+            except onnx.defs.SchemaError:
+                self.schema_cache[key] = None
+        return self.schema_cache[key]
+
+    def infer(self, node: onnx.NodeProto) -> None:
+        """The shapes of ``node``'s outputs, by a rule or by onnx (Constant nodes neither)."""
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         key = (domain, node.op_type)
-        if domain == "" and node.op_type in RULES and key not in schema_cache:
-            try:
-                schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)
-            except onnx.defs.SchemaError:
-                schema_cache[key] = None
         # onnxruntime registers some of its ops in the default domain (LayerNormalization below
         # opset 17, SimplifiedLayerNormalization): onnx has no schema for them there, the rules do.
-        by_rule = node.op_type in RULES and (domain == MS or (domain == "" and schema_cache.get(key) is None))
+        by_rule = node.op_type in RULES and (domain == MS or (domain == "" and self.schema(key) is None))
         if by_rule:
-            types, shapes = zip(*(known(t) for t in node.input)) if node.input else ((), ())
-            try:
-                results = RULES[node.op_type](list(shapes), list(types), node_attrs(node))
-            except (IndexError, KeyError, TypeError, ValueError):
-                results = []
-            for o, r in zip(node.output, results):
-                if r is not None and o and not sizes.declared(o) and add(o, r[0], r[1]):
-                    report.by_rule += 1
+            self.infer_by_rule(node)
         elif domain == "" and node.op_type != "Constant":
-            if key not in schema_cache:
-                try:
-                    schema_cache[key] = onnx.defs.get_schema(node.op_type, default_opset, domain)
-                except onnx.defs.SchemaError:
-                    schema_cache[key] = None
-            schema = schema_cache[key]
-            input_types: dict[str, onnx.TypeProto] = {}
-            complete = schema is not None
-            for t in node.input:
-                if not t:
-                    continue
-                et, dims = known(t)
-                if not et:
-                    complete = False
-                    break
-                input_types[t] = _type_proto(et, dims) if dims is not None else helper.make_tensor_type_proto(et, None)
-            if complete and schema is not None:
-                data = {t: constants[t] for t in node.input if t in constants}
-                try:
-                    inferred = onnx.shape_inference.infer_node_outputs(
-                        schema,
-                        node,
-                        input_types,
-                        data,
-                        opset_imports=[helper.make_opsetid("", default_opset)],
-                    )
-                except Exception:  # inference failing is a lack of information, not an error
-                    inferred = {}
-                for o, tp in inferred.items():
-                    if sizes.declared(o) or not tp.HasField("tensor_type"):
-                        continue
-                    tt = tp.tensor_type
-                    if not tt.HasField("shape"):
-                        continue
-                    dims = tuple(
-                        int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
-                    )
-                    if any(d is None for d in dims):
-                        continue
-                    if add(o, tt.elem_type or sizes.elem_type(o), dims):
-                        report.by_onnx += 1
-        for o in outs:
-            if not sizes.declared(o):
-                report.unknown.append(o)
-    return report
+            self.infer_by_onnx(node, self.schema(key))
+
+    def infer_by_rule(self, node: onnx.NodeProto) -> None:
+        """The outputs of a contrib op (or one onnx has no schema for) from its rule in :data:`RULES`."""
+        sizes = self.sizes
+        types, shapes = zip(*(self.known(t) for t in node.input)) if node.input else ((), ())
+        try:
+            results = RULES[node.op_type](list(shapes), list(types), node_attrs(node))
+        except (IndexError, KeyError, TypeError, ValueError):
+            results = []
+        for o, r in zip(node.output, results):
+            if r is not None and o and not sizes.declared(o) and self.add(o, r[0], r[1]):
+                self.report.by_rule += 1
+
+    def infer_by_onnx(self, node: onnx.NodeProto, schema: onnx.defs.OpSchema | None) -> None:
+        """The outputs of a standard op from onnx's inference of the node alone, once every input's
+        type is known; only outputs whose every dimension it gives count."""
+        sizes = self.sizes
+        input_types: dict[str, onnx.TypeProto] = {}
+        complete = schema is not None
+        for t in node.input:
+            if not t:
+                continue
+            et, dims = self.known(t)
+            if not et:
+                complete = False
+                break
+            input_types[t] = _type_proto(et, dims) if dims is not None else helper.make_tensor_type_proto(et, None)
+        if not complete or schema is None:
+            return
+        data = {t: self.constants[t] for t in node.input if t in self.constants}
+        try:
+            inferred = onnx.shape_inference.infer_node_outputs(
+                schema,
+                node,
+                input_types,
+                data,
+                opset_imports=[helper.make_opsetid("", self.default_opset)],
+            )
+        except Exception:  # inference failing is a lack of information, not an error
+            inferred = {}
+        for o, tp in inferred.items():
+            if sizes.declared(o) or not tp.HasField("tensor_type"):
+                continue
+            tt = tp.tensor_type
+            if not tt.HasField("shape"):
+                continue
+            out_dims = tuple(
+                int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+            )
+            if any(d is None for d in out_dims):
+                continue
+            if self.add(o, tt.elem_type or sizes.elem_type(o), out_dims):
+                self.report.by_onnx += 1

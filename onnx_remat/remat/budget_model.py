@@ -151,20 +151,32 @@ def _unit_scopes(analysis: ModelAnalysis) -> tuple[list[Scope], dict[int, int]]:
     *their* repeated children when those hold most of them (a ResNet stage's basic blocks); other
     children are searched the same way, and a scope holding no repeated layer is a unit itself.
     """
-    tree = analysis.scopes
-    groups = tree.repeated_layers()
-    group_of: dict[int, int] = {}
-    for gi, group in enumerate(groups):
-        for s in group:
-            group_of[id(s)] = gi
-    size = {id(s): len(s.all_nodes()) for s in tree.scopes()}
-    size[id(tree.root)] = len(tree.root.all_nodes())
+    search = _UnitSearch(analysis)
+    search.from_root()
+    return search.units, _chains_by_class(search.units, search.chain_of)
 
-    pos = analysis.graph.position
 
-    def chained(members: list[Scope]) -> bool:
+class _UnitSearch:
+    """The search of :func:`_unit_scopes`: the scope tree's repeated layers and sizes, and the units
+    found so far with the layer group of each repeated one (``chain_of``, by scope id)."""
+
+    def __init__(self, analysis: ModelAnalysis):
+        tree = analysis.scopes
+        self.root = tree.root
+        self.group_of: dict[int, int] = {}
+        for gi, group in enumerate(tree.repeated_layers()):
+            for s in group:
+                self.group_of[id(s)] = gi
+        self.size = {id(s): len(s.all_nodes()) for s in tree.scopes()}
+        self.size[id(tree.root)] = len(tree.root.all_nodes())
+        self.pos = analysis.graph.position
+        self.units: list[Scope] = []
+        self.chain_of: dict[int, int] = {}
+
+    def chained(self, members: list[Scope]) -> bool:
         """Each instance reads the one before it (a stack of layers, not, say, the three Linear
         layers of one MLP with other modules between them)."""
+        pos = self.pos
         ordered = sorted(members, key=lambda m: max(pos[id(n)] for n in m.all_nodes()))
         for u, v in itertools.pairwise(ordered):
             produced = {id(t) for n in u.all_nodes() for t in n.outputs}
@@ -172,8 +184,9 @@ def _unit_scopes(analysis: ModelAnalysis) -> tuple[list[Scope], dict[int, int]]:
                 return False
         return True
 
-    def main_group(scope: Scope) -> list[Scope]:
+    def main_group(self, scope: Scope) -> list[Scope]:
         """The children of ``scope`` that are chained instances of one repeated layer covering most of it."""
+        group_of, size = self.group_of, self.size
         by_group: dict[int, list[Scope]] = {}
         for c in scope.children:
             if id(c) in group_of and size.get(id(c)):
@@ -185,57 +198,62 @@ def _unit_scopes(analysis: ModelAnalysis) -> tuple[list[Scope], dict[int, int]]:
                 len(members) > 1
                 and total >= COVER * size[id(scope)]
                 and total > sum(size[id(c)] for c in best)
-                and chained(members)
+                and self.chained(members)
             ):
                 best = members
         return best
 
-    units: list[Scope] = []
-    chain_of: dict[int, int] = {}
+    def from_root(self) -> None:
+        """Search the root's children: its main group refined, the others visited."""
+        top = self.main_group(self.root)
+        for c in top:
+            self.refine(c, self.group_of[id(c)])
+        for c in self.root.children:
+            if c not in top:
+                self.visit(c)
 
-    def refine(s: Scope, gi: int) -> None:
-        inner = main_group(s)
+    def refine(self, s: Scope, gi: int) -> None:
+        """An instance of repeated layer ``gi``: a unit, or its own main group refined further."""
+        inner = self.main_group(s)
         if inner:
             for c in inner:
-                refine(c, group_of[id(c)])
+                self.refine(c, self.group_of[id(c)])
             rest = [c for c in s.children if c not in inner]
             for c in rest:
-                visit(c)
+                self.visit(c)
         else:
-            units.append(s)
-            chain_of[id(s)] = gi
+            self.units.append(s)
+            self.chain_of[id(s)] = gi
 
-    def visit(s: Scope) -> None:
-        if not size.get(id(s)):
+    def visit(self, s: Scope) -> None:
+        """Any other scope: its main group refined, else its children searched if a repeated layer
+        lies below, else a unit (an empty scope is nothing)."""
+        if not self.size.get(id(s)):
             return
-        members = main_group(s)
+        members = self.main_group(s)
         if members:
             for c in members:
-                refine(c, group_of[id(c)])
+                self.refine(c, self.group_of[id(c)])
             for c in s.children:
                 if c not in members:
-                    visit(c)
+                    self.visit(c)
             return
-        if any(id(d) in group_of for d in s.walk() if d is not s) and s.children:
+        if any(id(d) in self.group_of for d in s.walk() if d is not s) and s.children:
             for c in s.children:
-                visit(c)
+                self.visit(c)
             return
-        units.append(s)
+        self.units.append(s)
 
-    top = main_group(tree.root)
-    for c in top:
-        refine(c, group_of[id(c)])
-    for c in tree.root.children:
-        if c not in top:
-            visit(c)
-    # a chain is one repeated layer: instances refined from different parents (a ResNet's stages)
-    # share the class of their layer
+
+def _chains_by_class(units: list[Scope], chain_of: dict[int, int]) -> dict[int, int]:
+    """``chain_of`` renumbered, in place, so that a chain is one repeated layer: instances refined
+    from different parents (a ResNet's stages) share the class of their layer."""
     by_class: dict[object, int] = {}
     for s in units:
         if id(s) in chain_of:
             key = s.class_name or ("group", chain_of[id(s)])
             chain_of[id(s)] = by_class.setdefault(key, len(by_class))
-    return units, chain_of
+    return chain_of
 
 
 def recompute_peak(nodes: list[gs.Node], nbytes, keep: set[str]) -> int:

@@ -487,151 +487,154 @@ class RecomputeRewrite:
     def _rewrite_segment(
         self, tg, seg: Segment, label: str, readers, triggers, insert_at, copies: dict[int, int], shared=None
     ):
-        gated: dict[str, gs.Tensor] = {}
-        gate_order: list[gs.Tensor] = []
-
-        def gate(t: gs.Tensor) -> gs.Tensor:
-            if not self.barrier:
-                return t
-            out = gated.get(t.name)
-            if out is None:
-                out = gs.Variable(tags.gate_tensor_name(t.name, label), dtype=t.dtype, shape=t.shape)
-                gated[t.name] = out
-                gate_order.append(t)
-            return out
-
-        clone_of: dict[str, gs.Tensor] = {}
+        """Clone ``seg``'s nodes, point its backward ``readers`` at the clones and put the clones
+        behind the segment's barrier. Returns the nodes that go right before ``insert_at`` (the
+        barrier first) and the :class:`RewrittenSegment`. ``copies`` counts the clones made of each
+        node so far; ``shared`` maps the targets of earlier segments to their clones (this
+        segment's are added)."""
         shared = {} if shared is None else shared
-        from_clones = set(seg.from_clones)
-
-        def source(t: gs.Tensor) -> gs.Tensor:
-            if not t.name or isinstance(t, gs.Constant):
-                return t  # omitted optional input or initializer: read directly
-            t = self._anchored.get(t.name, t)  # a Dropout output its forward readers now read packed
-            if t.name in clone_of:
-                return clone_of[t.name]
-            # A boundary an earlier segment recomputed: its clone, through this segment's barrier.
-            return gate(shared[t.name] if t.name in from_clones else t)
-
-        clones: list[gs.Node] = []
-        scratch_nodes: list[gs.Node] = []
-        placed: list[gs.Node] = []  # clones and their scratch buffers, in order
-        inside = {id(n) for n in seg.recompute}
-        target_names = {t.name for t in seg.targets}
-        unpacked: list[gs.Node] = []
-        for index, node in enumerate(seg.recompute):
-            copy = copies[id(node)] = copies.get(id(node), 0) + 1
-            name = tags.clone_name(node.name, node.op, index, copy)
-            replay = self.replay_dropout and is_replayable(node) and id(node) not in self._seeded
-            if replay and id(node) in self._packs:
-                # One unpacked copy serves the mask's backward readers and the replay; with
-                # onnxruntime's planner a second copy for the replay saved nothing (measured).
-                mask, out = node.outputs[1], node.outputs[0]
-                mask_copy, steps = self._unpack(tg, node, label, copy, gate)
-                placed.extend(steps)
-                unpacked.extend(steps)
-                clone_of[mask.name] = mask_copy
-                if not self._output_needed(node, inside, target_names):
-                    continue  # only the mask is needed: no replay of the output
-                inputs = [source(t) for t in replay_inputs(node, node.inputs[0])]
-                inputs[1] = mask_copy
-                outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
-                clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
-                what = f"replays Dropout {node.name} from its packed mask"
-            elif (
-                id(node) in self._seeded
-                and not self._output_needed(node, inside, target_names)
-                and all(is_seedable_gradient(c, node.outputs[1]) for c in node.outputs[1].outputs if tg.is_backward(c))
-            ):
-                continue  # only the mask is needed, and its gradient nodes draw it themselves
-            elif replay:
-                inputs = [source(t) for t in replay_inputs(node, node.inputs[0])]
-                out = node.outputs[0]
-                outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
-                clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
-                what = f"replays Dropout {node.name} from its stored mask"
-            else:
-                outputs = [
-                    gs.Variable(tags.clone_tensor_name(o.name, copy), dtype=o.dtype, shape=o.shape)
-                    if o.name
-                    else gs.Variable.empty()
-                    for o in node.outputs
-                ]
-                inputs = [source(t) for t in node.inputs]
-                for i in written_inputs(node.domain, node.op):
-                    if i < len(inputs) and inputs[i].name:
-                        # gated even when an initializer, so the scratch waits for the barrier too
-                        inputs[i] = self._scratch(tg, gate(node.inputs[i]), name, i, scratch_nodes)
-                clone = gs.Node(
-                    op=node.op,
-                    name=name,
-                    domain=node.domain,
-                    attrs=dict(node.attrs),
-                    inputs=inputs,
-                    outputs=outputs,
-                )
-                what = f"recomputes {node.name or node.op}"
-                if node.name in self._seeds and is_replayable(node):
-                    what = f"draws Dropout {node.name} again with its seed {self._seeds[node.name]}"
-            for orig, new in zip(node.outputs, outputs):
-                if orig.name and new.name:
-                    clone_of[orig.name] = new
-            metadata = dict(tg.mg.extras(node).metadata)
-            metadata.update({tags.ROLE_KEY: tags.ROLE_CLONE, tags.SEGMENT_KEY: label, tags.SOURCE_KEY: node.name})
-            tg.mg.set_extras(clone, f"onnx-remat clone: {what} for the backward pass (segment {label})", metadata)
-            placed.extend(scratch_nodes)
-            scratch_nodes.clear()
-            placed.append(clone)
-            clones.append(clone)
-
-        rewired = 0
-        for reader in readers:
-            if self._seeds:
-                dropout = self._redraws(reader, target_names)
-                if dropout is not None:
-                    self._redraw(tg, reader, dropout)
-                    rewired += 1
-                    continue
-            for i, t in enumerate(reader.inputs):
-                if t.name in target_names:
-                    reader.inputs[i] = clone_of[t.name]
-                    rewired += 1
+        work = _SegmentClones(seg, label, self.barrier, self._anchored, shared)
+        self._clone_nodes(tg, seg, work, copies)
+        rewired = self._rewire_readers(tg, readers, work)
         for t in seg.targets:
-            if t.name in clone_of:  # a Dropout mask replayed from storage or drawn again has no clone
-                shared[t.name] = clone_of[t.name]
+            if t.name in work.clone_of:  # a Dropout mask replayed from storage or drawn again has no clone
+                shared[t.name] = work.clone_of[t.name]
 
         added: list[gs.Node] = []
         barrier_name = None
         if self.barrier:
-            barrier_name = tags.barrier_name(label)
-            pass_inputs = gate_order + triggers
-            pass_outputs = [gated[t.name] for t in gate_order] + [
-                gs.Variable(tags.gate_tensor_name(t.name, label), dtype=t.dtype, shape=t.shape) for t in triggers
-            ]
-            barrier = gs.Node(
-                op="PassThrough", name=barrier_name, domain=MS_DOMAIN, inputs=pass_inputs, outputs=pass_outputs
-            )
-            trigger_names = ", ".join(t.name for t in triggers) or "nothing"
-            tg.mg.set_extras(
-                barrier,
-                f"onnx-remat barrier of segment {label}: passes the clones' stored inputs through (zero copy) once "
-                f"{trigger_names} exists, so the clones run when the backward pass reaches the segment and are "
-                "not merged back into the forward nodes",
-                {tags.ROLE_KEY: tags.ROLE_BARRIER, tags.SEGMENT_KEY: label},
-            )
+            barrier = self._barrier(tg, work, triggers)
+            barrier_name = barrier.name
             added.append(barrier)
-        added.extend(placed)
+        added.extend(work.placed)
         rewritten = RewrittenSegment(
             segment=seg,
             label=label,
             barrier=barrier_name,
             triggers=[t.name for t in triggers] if self.barrier else [],
-            clones=[c.name for c in clones],
+            clones=[c.name for c in work.clones],
             first_consumer=insert_at.name,
             rewired_inputs=rewired,
-            unpacked=[n.name for n in unpacked],
+            unpacked=[n.name for n in work.unpacked],
         )
         return added, rewritten
+
+    def _clone_nodes(self, tg: TrainingGraph, seg: Segment, work: _SegmentClones, copies: dict[int, int]) -> None:
+        """Clone the nodes ``seg`` recomputes, in order, into ``work`` (tagged with what each does)."""
+        label = work.label
+        for index, node in enumerate(seg.recompute):
+            copy = copies[id(node)] = copies.get(id(node), 0) + 1
+            name = tags.clone_name(node.name, node.op, index, copy)
+            made = self._clone_node(tg, node, name, copy, work)
+            if made is None:
+                continue
+            clone, outputs, what = made
+            for orig, new in zip(node.outputs, outputs):
+                if orig.name and new.name:
+                    work.clone_of[orig.name] = new
+            metadata = dict(tg.mg.extras(node).metadata)
+            metadata.update({tags.ROLE_KEY: tags.ROLE_CLONE, tags.SEGMENT_KEY: label, tags.SOURCE_KEY: node.name})
+            tg.mg.set_extras(clone, f"onnx-remat clone: {what} for the backward pass (segment {label})", metadata)
+            work.placed.append(clone)
+            work.clones.append(clone)
+
+    def _clone_node(
+        self, tg: TrainingGraph, node: gs.Node, name: str, copy: int, work: _SegmentClones
+    ) -> tuple[gs.Node, list[gs.Variable], str] | None:
+        """The clone of ``node`` named ``name``, its outputs and what it does (for its doc string),
+        or None where the segment needs no clone of it (only a Dropout's mask, unpacked or drawn
+        again by its gradient nodes). A Dropout is replayed from its mask (unpacked first, into
+        ``work``, when packed); any other node is copied, with scratch buffers (into ``work``) for
+        the inputs its kernel overwrites."""
+        replay = self.replay_dropout and is_replayable(node) and id(node) not in self._seeded
+        if replay and id(node) in self._packs:
+            # One unpacked copy serves the mask's backward readers and the replay; with
+            # onnxruntime's planner a second copy for the replay saved nothing (measured).
+            mask, out = node.outputs[1], node.outputs[0]
+            mask_copy, steps = self._unpack(tg, node, work.label, copy, work.gate)
+            work.placed.extend(steps)
+            work.unpacked.extend(steps)
+            work.clone_of[mask.name] = mask_copy
+            if not self._output_needed(node, work.inside, work.target_names):
+                return None  # only the mask is needed: no replay of the output
+            inputs = [work.source(t) for t in replay_inputs(node, node.inputs[0])]
+            inputs[1] = mask_copy
+            outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
+            clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
+            return clone, outputs, f"replays Dropout {node.name} from its packed mask"
+        if (
+            id(node) in self._seeded
+            and not self._output_needed(node, work.inside, work.target_names)
+            and all(is_seedable_gradient(c, node.outputs[1]) for c in node.outputs[1].outputs if tg.is_backward(c))
+        ):
+            return None  # only the mask is needed, and its gradient nodes draw it themselves
+        if replay:
+            inputs = [work.source(t) for t in replay_inputs(node, node.inputs[0])]
+            out = node.outputs[0]
+            outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
+            clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
+            return clone, outputs, f"replays Dropout {node.name} from its stored mask"
+        outputs = [
+            gs.Variable(tags.clone_tensor_name(o.name, copy), dtype=o.dtype, shape=o.shape)
+            if o.name
+            else gs.Variable.empty()
+            for o in node.outputs
+        ]
+        inputs = [work.source(t) for t in node.inputs]
+        for i in written_inputs(node.domain, node.op):
+            if i < len(inputs) and inputs[i].name:
+                # gated even when an initializer, so the scratch waits for the barrier too
+                inputs[i] = self._scratch(tg, work.gate(node.inputs[i]), name, i, work.placed)
+        clone = gs.Node(
+            op=node.op,
+            name=name,
+            domain=node.domain,
+            attrs=dict(node.attrs),
+            inputs=inputs,
+            outputs=outputs,
+        )
+        what = f"recomputes {node.name or node.op}"
+        if node.name in self._seeds and is_replayable(node):
+            what = f"draws Dropout {node.name} again with its seed {self._seeds[node.name]}"
+        return clone, outputs, what
+
+    def _rewire_readers(self, tg: TrainingGraph, readers: list[gs.Node], work: _SegmentClones) -> int:
+        """Point the segment's backward ``readers`` at the clones of its targets (the gradient of a
+        seeded Dropout draws the mask again instead of reading it); returns how many inputs changed."""
+        rewired = 0
+        for reader in readers:
+            if self._seeds:
+                dropout = self._redraws(reader, work.target_names)
+                if dropout is not None:
+                    self._redraw(tg, reader, dropout)
+                    rewired += 1
+                    continue
+            for i, t in enumerate(reader.inputs):
+                if t.name in work.target_names:
+                    reader.inputs[i] = work.clone_of[t.name]
+                    rewired += 1
+        return rewired
+
+    def _barrier(self, tg: TrainingGraph, work: _SegmentClones, triggers: list[gs.Tensor]) -> gs.Node:
+        """The segment's barrier: a ``PassThrough`` of every stored tensor its clones read (in the
+        order they were gated) and of the ``triggers``, whose outputs the clones read."""
+        label = work.label
+        pass_inputs = work.gate_order + triggers
+        pass_outputs = [work.gated[t.name] for t in work.gate_order] + [
+            gs.Variable(tags.gate_tensor_name(t.name, label), dtype=t.dtype, shape=t.shape) for t in triggers
+        ]
+        barrier = gs.Node(
+            op="PassThrough", name=tags.barrier_name(label), domain=MS_DOMAIN, inputs=pass_inputs, outputs=pass_outputs
+        )
+        trigger_names = ", ".join(t.name for t in triggers) or "nothing"
+        tg.mg.set_extras(
+            barrier,
+            f"onnx-remat barrier of segment {label}: passes the clones' stored inputs through (zero copy) once "
+            f"{trigger_names} exists, so the clones run when the backward pass reaches the segment and are "
+            "not merged back into the forward nodes",
+            {tags.ROLE_KEY: tags.ROLE_BARRIER, tags.SEGMENT_KEY: label},
+        )
+        return barrier
 
     @staticmethod
     def _scratch(tg: TrainingGraph, tensor: gs.Tensor, clone: str, index: int, out: list[gs.Node]) -> gs.Tensor:
@@ -684,6 +687,55 @@ class RecomputeRewrite:
                     feeders = [producer(t) for t in clone.inputs]
                     if not any(p is not None and p.name in own for p in feeders):
                         raise RuntimeError(f"clone {name!r} is not behind its barrier")
+
+
+class _SegmentClones:
+    """One segment's clones while the rewrite makes them, and what they read: each stored tensor
+    once through the segment's barrier (:meth:`gate`), a tensor the segment recomputes from its
+    clone, a boundary an earlier segment recomputed from that clone (:meth:`source`)."""
+
+    def __init__(
+        self,
+        seg: Segment,
+        label: str,
+        barrier: bool,
+        anchored: dict[str, gs.Tensor],
+        shared: dict[str, gs.Tensor],
+    ):
+        self.label = label
+        self.barrier = barrier
+        self.anchored = anchored  # PassThrough output -> the Dropout output it passes
+        self.shared = shared  # target name -> its clone, made by an earlier segment
+        self.from_clones = set(seg.from_clones)
+        self.inside = {id(n) for n in seg.recompute}
+        self.target_names = {t.name for t in seg.targets}
+        self.gated: dict[str, gs.Tensor] = {}  # stored tensor name -> the barrier output the clones read
+        self.gate_order: list[gs.Tensor] = []  # the stored tensors, in the order they were gated
+        self.clone_of: dict[str, gs.Tensor] = {}  # forward tensor name -> its clone in this segment
+        self.clones: list[gs.Node] = []
+        self.placed: list[gs.Node] = []  # clones, their scratch buffers and unpacking nodes, in order
+        self.unpacked: list[gs.Node] = []
+
+    def gate(self, t: gs.Tensor) -> gs.Tensor:
+        """The barrier output that passes stored tensor ``t`` (``t`` itself without a barrier)."""
+        if not self.barrier:
+            return t
+        out = self.gated.get(t.name)
+        if out is None:
+            out = gs.Variable(tags.gate_tensor_name(t.name, self.label), dtype=t.dtype, shape=t.shape)
+            self.gated[t.name] = out
+            self.gate_order.append(t)
+        return out
+
+    def source(self, t: gs.Tensor) -> gs.Tensor:
+        """What a clone reads for its original's input ``t``."""
+        if not t.name or isinstance(t, gs.Constant):
+            return t  # omitted optional input or initializer: read directly
+        t = self.anchored.get(t.name, t)  # a Dropout output its forward readers now read packed
+        if t.name in self.clone_of:
+            return self.clone_of[t.name]
+        # A boundary an earlier segment recomputed: its clone, through this segment's barrier.
+        return self.gate(self.shared[t.name] if t.name in self.from_clones else t)
 
 
 @dataclass

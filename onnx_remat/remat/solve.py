@@ -384,14 +384,37 @@ def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_l
     the mid constraint. The same quanta as :func:`solve`, so both find the same least cost.
     """
     from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
 
     if problem.outside_need > budget:
         return None
     q, K, tables, b, kept_run = _quantized(problem, budget, quantum)
+    cols = _milp_columns(problem, q, tables, b, kept_run)
+    m = len(cols)
+    rows = _milp_rows(problem, cols, q, K, kept_run, tables.b)
+    res = milp(
+        c=np.array([c["cost"] for c in cols]),
+        constraints=LinearConstraint(rows.matrix(m), np.array(rows.lo), np.array(rows.hi)),
+        integrality=np.ones(m),
+        bounds=Bounds(0, 1),
+        options={"time_limit": time_limit, "mip_rel_gap": 0.0},
+    )
+    if res.x is None or res.status not in (0, 1):
+        return None
+    chosen = [cols[j] for j in range(m) if res.x[j] > 0.5]
+    choices: list[Choice] = []
+    for c in sorted(chosen, key=lambda c: c["a"]):
+        if c["opt"] is not None:
+            choices.append(Choice(c["a"], c["b"], option=c["opt"]))
+        else:
+            choices.append(Choice(c["a"], c["b"], events=tables.events(c["a"], c["b"], c["H"], False)))
+    return Solution(cost=float(res.fun), choices=choices, stored=sum(c["add"] for c in chosen), budget=budget)
+
+
+def _milp_columns(problem: Problem, q: int, tables: _Tables, b: list[int], kept_run: list[int]) -> list[dict]:
+    """The columns of :func:`solve_milp`: each unit option (``a == b``, ``opt`` its index), then
+    each group ``a..b`` once per step of its rotor table (``opt`` None, ``H`` the least headroom
+    giving the step's cost). Each has its ``cost`` and the quanta it keeps stored after it (``add``)."""
     units = problem.units
-    n = len(units)
-    hb = tables.b
     # columns: (first, last, option | None, cost, stored after, kind data)
     cols: list[dict] = []
     for k, u in enumerate(units):
@@ -420,59 +443,66 @@ def solve_milp(problem: Problem, budget: int, quantum: int | None = None, time_l
                 if not len(nxt):
                     break
                 H += int(nxt[0])
-    m = len(cols)
-    rows, cidx, vals, lo, hi = [], [], [], [], []
-    r = 0
+    return cols
 
-    def row(entries: list[tuple[int, float]], upper: float, lower: float = -np.inf) -> None:
-        nonlocal r
+
+class _MilpRows:
+    """The constraint rows of :func:`solve_milp` as they are stated: ``lo <= A x <= hi``, ``A``
+    built from ``(row, column, value)`` entries."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cidx: list[int] = []
+        self.vals: list[float] = []
+        self.lo: list[float] = []
+        self.hi: list[float] = []
+        self.count = 0
+
+    def add(self, entries: list[tuple[int, float]], upper: float, lower: float = -np.inf) -> None:
+        """One row: ``lower <= sum of value * x[column] over entries <= upper``."""
         for j, v in entries:
-            rows.append(r)
-            cidx.append(j)
-            vals.append(v)
-        lo.append(lower)
-        hi.append(upper)
-        r += 1
+            self.rows.append(self.count)
+            self.cidx.append(j)
+            self.vals.append(v)
+        self.lo.append(lower)
+        self.hi.append(upper)
+        self.count += 1
+
+    def matrix(self, m: int):
+        """``A`` over ``m`` columns, in CSR form."""
+        from scipy.sparse import coo_matrix
+
+        return coo_matrix((self.vals, (self.rows, self.cidx)), shape=(self.count, m)).tocsr()
+
+
+def _milp_rows(problem: Problem, cols: list[dict], q: int, K: int, kept_run: list[int], hb: list[int]) -> _MilpRows:
+    """The rows of :func:`solve_milp` over ``cols`` (budget ``K`` quanta): per unit covered once,
+    its forward and its backward on its own; per group its headroom; the mid constraint."""
+    units = problem.units
+    rows = _MilpRows()
 
     def before(k: int) -> list[tuple[int, float]]:
         return [(j, c["add"]) for j, c in enumerate(cols) if c["b"] < k]
 
-    for k in range(n):
-        row([(j, 1.0) for j, c in enumerate(cols) if c["a"] <= k <= c["b"]], 1.0, 1.0)  # covered once
+    for k in range(len(units)):
+        rows.add([(j, 1.0) for j, c in enumerate(cols) if c["a"] <= k <= c["b"]], 1.0, 1.0)  # covered once
         # forward of unit k
         inside = []
         for j, c in enumerate(cols):
             if c["opt"] is None and c["a"] <= k <= c["b"]:
                 run = c["extra"] + sum(kept_run[c["a"] : k]) + (hb[k - 1] if k > c["a"] else 0)
                 inside.append((j, float(run)))
-        row(before(k) + inside, K - _q(units[k].fw_need, q))
+        rows.add(before(k) + inside, K - _q(units[k].fw_need, q))
         # backward of unit k on its own
         own = [(j, float(c["need"])) for j, c in enumerate(cols) if c["opt"] is not None and c["a"] == k]
-        row(before(k) + own, K)
+        rows.add(before(k) + own, K)
     for j, c in enumerate(cols):  # a group's schedule needs its headroom: S_a <= K - extra + P[a] - H
         if c["opt"] is None:
             need = c["H"] + c["extra"] - c["P"]
             if need > 0:
-                row(before(c["a"]) + [(j, float(need))], K)
-    row([(j, c["add"]) for j, c in enumerate(cols)], K - _q(problem.mid_need, q))
-    A = coo_matrix((vals, (rows, cidx)), shape=(r, m)).tocsr()
-    res = milp(
-        c=np.array([c["cost"] for c in cols]),
-        constraints=LinearConstraint(A, np.array(lo), np.array(hi)),
-        integrality=np.ones(m),
-        bounds=Bounds(0, 1),
-        options={"time_limit": time_limit, "mip_rel_gap": 0.0},
-    )
-    if res.x is None or res.status not in (0, 1):
-        return None
-    chosen = [cols[j] for j in range(m) if res.x[j] > 0.5]
-    choices: list[Choice] = []
-    for c in sorted(chosen, key=lambda c: c["a"]):
-        if c["opt"] is not None:
-            choices.append(Choice(c["a"], c["b"], option=c["opt"]))
-        else:
-            choices.append(Choice(c["a"], c["b"], events=tables.events(c["a"], c["b"], c["H"], False)))
-    return Solution(cost=float(res.fun), choices=choices, stored=sum(c["add"] for c in chosen), budget=budget)
+                rows.add(before(c["a"]) + [(j, float(need))], K)
+    rows.add([(j, c["add"]) for j, c in enumerate(cols)], K - _q(problem.mid_need, q))
+    return rows
 
 
 def solution_cost(problem: Problem, sol: Solution) -> float:

@@ -67,18 +67,20 @@ from onnx_remat.model_io import check_dim_names
 from onnx_remat.remat.seed_check import seeded_dropouts, seeded_reference, with_mask_outputs
 from onnx_remat.runtime.inputs import check_same_inputs, classify_inputs, prepare_feeds
 from onnx_remat.runtime.measure import (
-    FORWARD_ONLY_NOTE,
     Measurement,
     ProgressCallback,
-    _check_checkpoint,
-    _measure_prepared,
-    _Prepared,
-    _reference_outputs,
-    _Source,
-    _source,
-    _step_outputs,
-    _validate,
-    _Workdir,
+    check_run_args,
+    measure_prepared,
+    reference_outputs,
+    step_outputs,
+)
+from onnx_remat.runtime.prepared import (
+    FORWARD_ONLY_NOTE,
+    ModelSource,
+    PreparedModel,
+    Workdir,
+    check_checkpoint,
+    model_source,
 )
 
 
@@ -241,12 +243,12 @@ def compare(
     temporary folder). Other arguments as for :func:`~.measure.measure`. Gradients that differ
     are a result (``equal`` False), not an exception; bad inputs raise RematError.
     """
-    _validate(device, steps, warmup)
+    check_run_args(device, steps, warmup)
     if atol < 0 or rtol < 0:
         raise RematError(f"tolerances must not be negative (atol={atol}, rtol={rtol})")
-    with _Workdir("onnx-remat-compare-") as tmp:
-        src_a = _source(a, checkpoint, tmp, "a")
-        src_b = _source(b, checkpoint, tmp, "b")
+    with Workdir("onnx-remat-compare-") as tmp:
+        src_a = model_source(a, checkpoint, tmp, "a")
+        src_b = model_source(b, checkpoint, tmp, "b")
         notes_b: list[str] = []
         notes_a: list[str] = []
         if src_b.checkpoint is None and src_a.checkpoint is not None:
@@ -257,7 +259,7 @@ def compare(
             notes_a.append(f"parameters from B's checkpoint {src_b.checkpoint}")
         for src in (src_a, src_b):
             check_dim_names(src.model, dims, src.label)
-            _check_checkpoint(src.checkpoint)
+            check_checkpoint(src.checkpoint)
         check_same_inputs(classify_inputs(src_a.model), classify_inputs(src_b.model))
         feeds = prepare_feeds(
             src_a.model,
@@ -269,9 +271,9 @@ def compare(
         )
         path = feeds.save(tmp / "feeds.npz")
 
-        def run(src: _Source, label: str) -> tuple[Measurement, dict[str, np.ndarray] | None]:
-            return _measure_prepared(
-                _Prepared(src, feeds, path),
+        def run(src: ModelSource, label: str) -> tuple[Measurement, dict[str, np.ndarray] | None]:
+            return measure_prepared(
+                PreparedModel(src, feeds, path),
                 device=device,
                 steps=steps,
                 warmup=warmup,
@@ -317,16 +319,16 @@ def compare(
 
         def single_threaded():
             return (
-                _reference_outputs(
-                    _Prepared(fixed_a, feeds, path),
+                reference_outputs(
+                    PreparedModel(fixed_a, feeds, path),
                     device=device,
                     seed=seed,
                     workdir=tmp / "a1",
                     progress=progress,
                     tag="A",
                 ),
-                _reference_outputs(
-                    _Prepared(fixed_b, feeds, path),
+                reference_outputs(
+                    PreparedModel(fixed_b, feeds, path),
                     device=device,
                     seed=seed,
                     workdir=tmp / "b1",
@@ -376,12 +378,12 @@ CONV_GRAD_NOTE = (
 )
 
 
-def _in_2d_form(src: _Source, tmp, tag: str) -> _Source:
+def _in_2d_form(src: ModelSource, tmp, tag: str) -> ModelSource:
     """``src``, or a copy of it with its grouped 1-D ConvGrads in the 2-D form, if it has any."""
     fixed, names = fix_grouped_conv_grads(src.model)
     if not names:
         return src
-    copy = _source(fixed, src.checkpoint, tmp, tag)
+    copy = model_source(fixed, src.checkpoint, tmp, tag)
     copy.checkpoint = src.checkpoint
     return copy
 
@@ -389,8 +391,8 @@ def _in_2d_form(src: _Source, tmp, tag: str) -> _Source:
 def _compare_seeded(
     ma: Measurement,
     mb: Measurement,
-    src_a: _Source,
-    src_b: _Source,
+    src_a: ModelSource,
+    src_b: ModelSource,
     seeds: dict[str, int],
     feeds,
     feeds_path,
@@ -403,26 +405,31 @@ def _compare_seeded(
     progress: ProgressCallback | None,
 ) -> Comparison:
     """The verdict for a ``dropout="seed"`` rewrite B (see the module docstring)."""
-    reference = _source(seeded_reference(src_a.model, seeds), src_a.checkpoint, tmp, "a_seeded")
+    reference = model_source(seeded_reference(src_a.model, seeds), src_a.checkpoint, tmp, "a_seeded")
     reference.checkpoint = src_a.checkpoint
-    out_ref = _reference_outputs(
-        _Prepared(reference, feeds, feeds_path),
+    out_ref = reference_outputs(
+        PreparedModel(reference, feeds, feeds_path),
         device=device,
         seed=seed,
         workdir=tmp / "a_seeded",
         progress=progress,
         tag="A",
     )
-    out_b = _reference_outputs(
-        _Prepared(src_b, feeds, feeds_path), device=device, seed=seed, workdir=tmp / "b1", progress=progress, tag="B"
+    out_b = reference_outputs(
+        PreparedModel(src_b, feeds, feeds_path),
+        device=device,
+        seed=seed,
+        workdir=tmp / "b1",
+        progress=progress,
+        tag="B",
     )
     equal, diffs, mismatched, only_a, only_b = compare_outputs(out_ref, out_b, atol, rtol)
 
     check_model, pairs = with_mask_outputs(src_b.model)
-    check = _source(check_model, src_b.checkpoint, tmp, "b_masks")
+    check = model_source(check_model, src_b.checkpoint, tmp, "b_masks")
     check.checkpoint = src_b.checkpoint
-    steps = _step_outputs(
-        _Prepared(check, feeds, feeds_path),
+    steps = step_outputs(
+        PreparedModel(check, feeds, feeds_path),
         device=device,
         seed=seed,
         workdir=tmp / "b_masks",

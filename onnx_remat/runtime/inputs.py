@@ -29,12 +29,16 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from onnx_remat.errors import RematError
 from onnx_remat.graph.conventions import BUFFER_SUFFIX, RESET_FLAG, parameter_of_buffer
+
+if TYPE_CHECKING:
+    from onnx_remat.analysis.sizes import TensorSizes
 
 DATA, PARAMETER, BUFFER, FLAG = "data", "parameter", "gradient_buffer", "reset_flag"
 
@@ -281,46 +285,64 @@ def infer_int_ranges(
             for a in node.attribute:
                 if a.name == "value":
                     constants[node.output[0]] = a.t
-    sizes = None
-
-    def shape_of(name: str):
-        nonlocal sizes
-        for vi in graph.input:
-            if vi.name == name:
-                _, d = _dims_of(vi)
-                if d is not None:
-                    return tuple((dims or {}).get(x, x) if isinstance(x, str) else x for x in d)
-        if name in constants:
-            return tuple(constants[name].dims)
-        if sizes is None:
-            from onnx_remat.analysis.sizes import TensorSizes
-
-            sizes = TensorSizes(model, dims=dict(dims or {}))
-        return sizes.shape(name)
-
+    shape_of = _ShapeOf(model, dims, constants)
     out: dict[str, tuple[tuple[int, int], str]] = {}
     for gi in int_inputs:
-        bounds: list[tuple[int, str]] = []
-        seen: set[str] = set()
-        frontier = [gi.name]
-        while frontier:
-            tensor = frontier.pop()
-            if tensor in seen:
-                continue
-            seen.add(tensor)
-            for node in consumers.get(tensor, []):
-                if node.domain in ("", "ai.onnx") and node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
-                    frontier.extend(o for o in node.output if o)
-                    continue
-                bound = _index_bound(node, tensor, shape_of, constants)
-                if bound is not None:
-                    bounds.append(bound)
+        bounds = _index_bounds(gi.name, consumers, shape_of, constants)
         if bounds:
             high, why = min(bounds, key=lambda b: b[0])
             out[gi.name] = ((0, high), why)
         else:
             out[gi.name] = (DEFAULT_INT_RANGE, "default: no Gather, cross-entropy or OneHot reads it")
     return out
+
+
+class _ShapeOf:
+    """The shape of a tensor an indexing op reads (``shape_of(name)``): a graph input's declared
+    shape with ``dims`` bound, a constant's, else what :class:`~onnx_remat.analysis.sizes.TensorSizes`
+    infers (built on first need only)."""
+
+    def __init__(self, model: onnx.ModelProto, dims: Mapping[str, int] | None, constants: dict):
+        self.model = model
+        self.dims = dims
+        self.constants = constants
+        self.sizes: TensorSizes | None = None
+
+    def __call__(self, name: str):
+        dims = self.dims
+        for vi in self.model.graph.input:
+            if vi.name == name:
+                _, d = _dims_of(vi)
+                if d is not None:
+                    return tuple((dims or {}).get(x, x) if isinstance(x, str) else x for x in d)
+        if name in self.constants:
+            return tuple(self.constants[name].dims)
+        if self.sizes is None:
+            from onnx_remat.analysis.sizes import TensorSizes
+
+            self.sizes = TensorSizes(self.model, dims=dict(dims or {}))
+        return self.sizes.shape(name)
+
+
+def _index_bounds(name: str, consumers: dict[str, list[onnx.NodeProto]], shape_of, constants) -> list[tuple[int, str]]:
+    """The bounds the ops indexing with input ``name`` set (:func:`_index_bound`), found through
+    the value-preserving ops it passes."""
+    bounds: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    frontier = [name]
+    while frontier:
+        tensor = frontier.pop()
+        if tensor in seen:
+            continue
+        seen.add(tensor)
+        for node in consumers.get(tensor, []):
+            if node.domain in ("", "ai.onnx") and node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
+                frontier.extend(o for o in node.output if o)
+                continue
+            bound = _index_bound(node, tensor, shape_of, constants)
+            if bound is not None:
+                bounds.append(bound)
+    return bounds
 
 
 def _index_bound(node: onnx.NodeProto, tensor: str, shape_of, constants) -> tuple[int, str] | None:

@@ -75,11 +75,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,14 +86,20 @@ import numpy as np
 import onnx
 
 from onnx_remat.errors import EnvironmentProblem, RematError, UsageError
-from onnx_remat.model_io import check_dim_names, forward_only_hint, load_model, save_model
+from onnx_remat.model_io import check_dim_names
 from onnx_remat.remat.seed_check import seeded_dropouts
-from onnx_remat.runtime.inputs import InputInfo, PreparedFeeds, load_arrays, prepare_feeds
+from onnx_remat.runtime.inputs import InputInfo, load_arrays, prepare_feeds
 from onnx_remat.runtime.kept import RewriteCheck, check_rewrite
 from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
+from onnx_remat.runtime.prepared import (
+    FORWARD_ONLY_NOTE,
+    PreparedModel,
+    Workdir,
+    check_checkpoint,
+    model_source,
+)
 
 DEVICES = ("cpu", "cuda")
-KEEP_ENV = "ONNX_REMAT_KEEP_WORKDIR"  # set to 1 to keep the worker's files (logs, profile) for a look
 
 
 @dataclass
@@ -184,86 +188,13 @@ class Measurement:
         }
 
 
-# -- the model to run ------------------------------------------------------------------------------
+# -- the arguments ---------------------------------------------------------------------------------
 
 
-@dataclass
-class _Source:
-    """A model ready for a worker: the file onnxruntime reads, the proto, its checkpoint."""
-
-    label: str
-    path: Path
-    model: onnx.ModelProto
-    checkpoint: Path | None
-    forward_only: bool = False
-
-
-FORWARD_ONLY_NOTE = (
-    "a forward-only graph (no gradient nodes): one forward step, no gradients; 'loss' is its first output"
-)
-
-
-def _source(model, checkpoint, tmp: Path, name: str) -> _Source:
-    if isinstance(model, onnx.ModelProto):
-        label = f"<{name}: in-memory model>"
-        ckpt = Path(checkpoint) if checkpoint else None
-        forward_only = _forward_only(model, label, None, ckpt)
-        path = save_model(model, tmp / f"{name}.onnx")
-        return _Source(label, path, model, ckpt, forward_only)
-    loaded = load_model(model, check=False)
-    ckpt = Path(checkpoint) if checkpoint else loaded.checkpoint_path
-    forward_only = _forward_only(loaded.model, str(loaded.path), loaded.path, ckpt)
-    return _Source(str(loaded.path), loaded.path, loaded.model, ckpt, forward_only)
-
-
-def _forward_only(model: onnx.ModelProto, label: str, path: Path | None, checkpoint: Path | None) -> bool:
-    """Whether ``model`` has no gradient nodes. Such a graph is run as one forward step (and says
-    so), except with a checkpoint: then it is an artifacts ``eval_model.onnx`` whose parameters
-    the worker would not read from the checkpoint but synthesize, and it is refused, naming the
-    training graph beside it."""
-    from onnx_remat.analysis.regions import analyze
-    from onnx_remat.errors import ForwardOnlyGraph
-    from onnx_remat.graph.bridge import ModelGraph
-
-    try:
-        analyze(ModelGraph(model))
-    except ForwardOnlyGraph:
-        if checkpoint is None:
-            return True
-        raise ForwardOnlyGraph(
-            f"{label}: a forward-only graph (no gradient nodes) with a checkpoint, so an artifacts eval model "
-            f"(measured, its parameters would be synthesized, not read): {forward_only_hint(path)}"
-        ) from None
-    except RematError:
-        pass  # other oddities of the forward/backward split do not matter for running it
-    return False
-
-
-_CHECKPOINT_ID = b"ODTC"  # flatbuffers file identifier of onnxruntime-training checkpoints
-
-
-def _check_checkpoint(path: Path | None) -> None:
-    """A checkpoint must be an onnxruntime-training checkpoint file: checked here, in one line,
-    before a worker starts (onnxruntime's own message names its C++ source file)."""
-    if path is None:
-        return
-    if not path.exists():
-        raise RematError(f"{path}: no such checkpoint")
-    if not path.is_file():
-        raise RematError(f"{path}: not a regular file; --checkpoint takes an onnxruntime-training checkpoint file")
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-    except OSError as exc:
-        raise RematError(f"{path}: cannot read ({exc.strerror})") from None
-    if head[4:8] != _CHECKPOINT_ID:
-        raise RematError(
-            f"{path}: not an onnxruntime-training checkpoint (as written by generate_artifacts or "
-            "CheckpointState.save_checkpoint)"
-        )
-
-
-def _validate(device: str, steps: int, warmup: int) -> None:
+def check_run_args(device: str, steps: int, warmup: int) -> None:
+    """The arguments of :func:`measure` and :func:`~.compare.compare` that every run shares:
+    UsageError for an unknown device or fewer than one step or warm-up step; for ``cuda``, the CUDA
+    build and a GPU are checked (EnvironmentProblem)."""
     if device not in DEVICES:
         raise UsageError(f"device must be one of {', '.join(DEVICES)}, got {device!r}")
     if steps < 1:
@@ -379,15 +310,8 @@ def run_worker(
 # -- measuring -------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Prepared:
-    source: _Source
-    feeds: PreparedFeeds
-    feeds_path: Path
-
-
-def _measure_prepared(
-    prep: _Prepared,
+def measure_prepared(
+    prep: PreparedModel,
     *,
     device: str,
     steps: int,
@@ -399,6 +323,10 @@ def _measure_prepared(
     save_outputs: bool = False,
     tag: str = "",
 ) -> tuple[Measurement, dict[str, np.ndarray] | None]:
+    """Measure ``prep`` in its worker processes under ``workdir``: the ``arena`` worker, then the
+    ``live`` one (with ``live``, on CPU). Returns the :class:`Measurement` and, with
+    ``save_outputs``, the first step's outputs (None otherwise). ``tag`` names the graph in the
+    progress events (``"A"``/``"B"`` for compare)."""
     src = prep.source
     base = {**_worker_base(prep, device, seed), "warmup": warmup, "steps": steps}
 
@@ -476,15 +404,15 @@ def _measure_prepared(
     return m, outputs
 
 
-def _reference_outputs(
-    prep: _Prepared, *, device: str, seed: int, workdir: Path, progress: ProgressCallback | None, tag: str = ""
+def reference_outputs(
+    prep: PreparedModel, *, device: str, seed: int, workdir: Path, progress: ProgressCallback | None, tag: str = ""
 ) -> dict[str, np.ndarray]:
     """Outputs of one single-threaded step (deterministic on CPU), from a worker of its own."""
-    return _step_outputs(prep, device=device, seed=seed, workdir=workdir, progress=progress, tag=tag, steps=1)[0]
+    return step_outputs(prep, device=device, seed=seed, workdir=workdir, progress=progress, tag=tag, steps=1)[0]
 
 
-def _step_outputs(
-    prep: _Prepared,
+def step_outputs(
+    prep: PreparedModel,
     *,
     device: str,
     seed: int,
@@ -502,7 +430,7 @@ def _step_outputs(
     return [load_arrays(workdir / ("outputs.npz" if k == 1 else f"outputs-{k}.npz")) for k in range(1, steps + 1)]
 
 
-def _worker_base(prep: _Prepared, device: str, seed: int) -> dict:
+def _worker_base(prep: PreparedModel, device: str, seed: int) -> dict:
     """The part of a worker spec every configuration shares: graph, device, feeds, parameters, seed."""
     src = prep.source
     return {
@@ -522,22 +450,6 @@ def _relay(progress: ProgressCallback | None, label: str, tag: str, config: str)
     if progress is None:
         return None
     return lambda p: progress(ProgressEvent(label, tag, config, p["phase"], p["index"], p["total"], p["seconds"]))
-
-
-class _Workdir:
-    """A temporary folder for the workers' files, removed afterwards unless ONNX_REMAT_KEEP_WORKDIR=1."""
-
-    def __init__(self, prefix: str):
-        self.path = Path(tempfile.mkdtemp(prefix=prefix))
-
-    def __enter__(self) -> Path:
-        return self.path
-
-    def __exit__(self, *exc) -> None:
-        if os.environ.get(KEEP_ENV) == "1":
-            print(f"onnx-remat: worker files kept in {self.path}", file=sys.stderr)
-        else:
-            shutil.rmtree(self.path, ignore_errors=True)
 
 
 def measure(
@@ -563,11 +475,11 @@ def measure(
     :class:`ProgressEvent` per step. Raises RematError (bad input, non-finite loss),
     UsageError (bad arguments) or EnvironmentProblem (no CUDA build or GPU).
     """
-    _validate(device, steps, warmup)
-    with _Workdir("onnx-remat-measure-") as tmp:
-        src = _source(model, checkpoint, tmp, "model")
+    check_run_args(device, steps, warmup)
+    with Workdir("onnx-remat-measure-") as tmp:
+        src = model_source(model, checkpoint, tmp, "model")
         check_dim_names(src.model, dims, src.label)
-        _check_checkpoint(src.checkpoint)
+        check_checkpoint(src.checkpoint)
         feeds = prepare_feeds(
             src.model,
             dims=dims,
@@ -576,8 +488,8 @@ def measure(
             int_ranges=int_ranges,
             synthesize_parameters=src.checkpoint is None,
         )
-        prep = _Prepared(src, feeds, feeds.save(tmp / "feeds.npz"))
-        m, _ = _measure_prepared(
+        prep = PreparedModel(src, feeds, feeds.save(tmp / "feeds.npz"))
+        m, _ = measure_prepared(
             prep,
             device=device,
             steps=steps,

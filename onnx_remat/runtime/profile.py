@@ -109,7 +109,7 @@ def _run(spec: dict, env: dict) -> dict:
 def run_profile(spec: dict, emit) -> dict:
     """In the worker process: ``warmup + steps`` profiled steps; mean kernel times of the timed ones."""
     from onnx_remat.runtime.session import create_session, import_onnxruntime
-    from onnx_remat.runtime.worker import _Runner, build_feeds, check_feeds
+    from onnx_remat.runtime.worker import StepRunner, build_feeds, check_feeds
 
     ort = import_onnxruntime()
     feeds = build_feeds(ort, spec)
@@ -122,7 +122,7 @@ def run_profile(spec: dict, emit) -> dict:
     except Exception as exc:
         raise RematError(f"{spec['model']}: onnxruntime cannot load it: {one_line(exc)}") from None
     check_feeds(sess, feeds, spec["model"])
-    runner = _Runner(sess, feeds, spec.get("buffers", {}))
+    runner = StepRunner(sess, feeds, spec.get("buffers", {}))
     total = spec["warmup"] + spec["steps"]
     times = []
     for i in range(total):

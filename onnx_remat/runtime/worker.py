@@ -115,14 +115,14 @@ def check_feeds(sess, feeds: dict[str, np.ndarray], where: str) -> None:
 GRADIENT_FLAG_SUFFIX = ".accumulation.out"
 
 
-class _Runner:
+class StepRunner:
     """One step, on CPU with numpy feeds or on CUDA with feeds bound once on the device.
 
     The gradients of a training graph are not among its outputs: ``InPlaceAccumulatorV2`` writes
     each into its ``<param>_grad.accumulation.buffer`` input in place and outputs only a bool
     flag (``<param>_grad.accumulation.out``, shape [1]). On CPU onnxruntime uses the memory of
     the numpy arrays fed, so the fed buffer arrays hold the gradients after the step; on CUDA the
-    bound device buffers do.
+    bound device buffers do. The profiling worker (:mod:`.profile`) runs its steps with it too.
     """
 
     def __init__(self, sess, feeds: dict[str, np.ndarray], buffers: dict[str, str], device_values=None):
@@ -213,7 +213,7 @@ def run_arena(spec: dict, emit) -> dict:
         check_feeds(sess, feeds, spec["model"])
         if on_device is not None:
             on_device = {k: v for k, v in on_device.items() if k in feeds}
-        runner = _Runner(sess, feeds, spec.get("buffers", {}), on_device)
+        runner = StepRunner(sess, feeds, spec.get("buffers", {}), on_device)
         start = capture.mark()
         first_end = None
         outputs: dict[str, np.ndarray] | None = None
@@ -327,7 +327,7 @@ def run_outputs(spec: dict, emit) -> dict:
         raise RematError(f"{spec['model']}: onnxruntime cannot load it: {runtime_message(exc)}") from None
     check_feeds(sess, feeds, spec["model"])
     on_device = to_device(ort, feeds, spec["device"])
-    runner = _Runner(sess, feeds, spec.get("buffers", {}), on_device)
+    runner = StepRunner(sess, feeds, spec.get("buffers", {}), on_device)
     steps = int(spec.get("steps") or 1)
     names: list[str] = []
     for k in range(1, steps + 1):

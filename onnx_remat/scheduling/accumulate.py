@@ -91,6 +91,9 @@ class AccumulationResult:
     skipped: list[tuple[str, str]]  # (parameter, why)
 
 
+_TRUE_NAME = "onnx_remat/accumulate/overwrite"  # the [True] initializer early mode's last accumulator reads
+
+
 def accumulate_gradients(
     model: onnx.ModelProto, rg: RuntimeGraph, order: Sequence[int], mode: str = "inplace"
 ) -> AccumulationResult:
@@ -104,100 +107,155 @@ def accumulate_gradients(
         raise ValueError(f"unknown gradient accumulation mode {mode!r}")
     if mode == "sum":
         return AccumulationResult(model, [], [])
-    nodes = list(model.graph.node)
-    producer: dict[str, onnx.NodeProto] = {}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in nodes:
-        for o in n.output:
-            if o:
-                producer[o] = n
-        for t in n.input:
-            if t:
-                readers.setdefault(t, []).append(n)
-    graph_outputs = {o.name for o in model.graph.output}
-    when = {name: k for k, i in enumerate(order) for name in rg.at(i).origin}
-    fused_into: dict[str, RuntimeNode] = {}  # Sum name -> the node onnxruntime fused it into
-    for r in rg.live():
-        if len(r.origin) > 1:
-            for name in r.origin:
-                fused_into[name] = r
-
-    true_name = "onnx_remat/accumulate/overwrite"
-    replace: dict[int, list[onnx.NodeProto]] = {}  # id(node) -> the nodes that stand in its place
-    drop: set[int] = set()
-    unread: list[onnx.NodeProto] = []  # nodes whose outputs the rewrite stops reading (removed if dead)
-    constants: dict[str, onnx.TensorProto] = {}
-    infos: list[onnx.ValueInfoProto] = []
+    graph = _SumGraph(model, rg, order)
+    edits = _Edits()
     done: list[AccumulatedGradient] = []
     skipped: list[tuple[str, str]] = []
-    for total in nodes:
-        if total.op_type != "Sum" or total.domain not in ("", "ai.onnx") or len(total.input) < 2:
+    for total in graph.nodes:
+        found = graph.parameter_sum(total)
+        if found is None:
             continue
-        out = total.output[0]
-        users = readers.get(out, [])
-        if len(users) != 1 or users[0].op_type != "InPlaceAccumulatorV2" or out in graph_outputs:
-            continue
-        acc = users[0]
-        if list(acc.input[1:2]) != [out] or parameter_of_buffer(acc.input[0]) is None:
-            continue
-        param = parameter_of_buffer(acc.input[0]) or acc.input[0]
-        partials = list(total.input)
-        if len(set(partials)) != len(partials) or not all(partials):
-            skipped.append((param, "a partial gradient appears twice in its sum"))
-            continue
-        fused = fused_into.get(total.name)
-        gemm_c = None
-        if fused is not None:
-            fused_c = fused.inputs[2] if fused.key == ("", "Gemm") and len(fused.inputs) > 2 else None
-            if mode == "inplace" and fused_c is not None and fused_c in partials:
-                why = _sparse_split_refusal(fused, fused_c, partials, producer, readers, rg, graph_outputs)
-                if why is None:
-                    new, record = _sparse_gemm_chain(total, acc, param, fused, producer[fused_c], rg, constants, infos)
-                    replace[id(total)] = new
-                    drop.add(id(acc))
-                    unread += [producer[t] for t in partials if t in producer]
-                    done.append(record)
-                    continue
-                skipped.append((param, f"onnxruntime fuses its sum into a Gemm: kept as written ({why})"))
-                continue
-            if fused_c is None or fused_c not in partials or mode != "early":
-                skipped.append((param, "onnxruntime fuses its sum into a Gemm: kept as written"))
-                continue
-            gemm_c = fused_c
-        # The first two partials may swap (a + b == b + a): the one that exists first goes first.
-        if len(partials) >= 2 and gemm_c is None:
-            inf = float("inf")
-            first, second = partials[0], partials[1]
-            if when.get(_made_by(producer, second), inf) < when.get(_made_by(producer, first), inf):
-                partials[0], partials[1] = second, first
-        if mode == "inplace":
-            target = next((p for p in partials[:2] if _owns_buffer(p, producer, readers, total, graph_outputs)), None)
-            if target is None:
-                skipped.append((param, "no partial gradient owns its buffer (each is read elsewhere or an alias)"))
-                continue
-            if target != partials[0]:
-                partials[0], partials[1] = partials[1], partials[0]
-            new, record = _inplace_chain(total, acc, partials, param)
-            replace[id(total)] = new
+        acc, param = found
+        outcome = _rewrite_sum(total, acc, param, mode, graph, edits)
+        if isinstance(outcome, str):
+            skipped.append((param, outcome))
         else:
-            new, record = _early_chain(total, acc, partials, param, gemm_c, true_name)
-            replace[id(total)] = new
-            drop.add(id(acc))
-        done.append(record)
+            done.append(outcome)
     if not done:
         return AccumulationResult(model, [], skipped)
+    return AccumulationResult(_rewritten_model(model, mode, graph, edits), done, skipped)
+
+
+class _SumGraph:
+    """What the pass reads of the graph: its nodes, each tensor's producer and readers, the graph
+    outputs, when onnxruntime runs each node (``when``: node name -> position in its order) and
+    the node its optimizer fused each fused node into (``fused_into``: node name -> that node)."""
+
+    def __init__(self, model: onnx.ModelProto, rg: RuntimeGraph, order: Sequence[int]):
+        self.rg = rg
+        self.nodes = list(model.graph.node)
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in self.nodes:
+            for o in n.output:
+                if o:
+                    self.producer[o] = n
+            for t in n.input:
+                if t:
+                    self.readers.setdefault(t, []).append(n)
+        self.graph_outputs = {o.name for o in model.graph.output}
+        self.when = {name: k for k, i in enumerate(order) for name in rg.at(i).origin}
+        self.fused_into: dict[str, RuntimeNode] = {}  # Sum name -> the node onnxruntime fused it into
+        for r in rg.live():
+            if len(r.origin) > 1:
+                for name in r.origin:
+                    self.fused_into[name] = r
+
+    def parameter_sum(self, total: onnx.NodeProto) -> tuple[onnx.NodeProto, str] | None:
+        """The accumulator and the parameter where ``total`` is a parameter's gradient sum the pass
+        rewrites: a ``Sum`` of two or more partials whose one reader is the parameter's
+        ``InPlaceAccumulatorV2`` (and no graph output)."""
+        if total.op_type != "Sum" or total.domain not in ("", "ai.onnx") or len(total.input) < 2:
+            return None
+        out = total.output[0]
+        users = self.readers.get(out, [])
+        if len(users) != 1 or users[0].op_type != "InPlaceAccumulatorV2" or out in self.graph_outputs:
+            return None
+        acc = users[0]
+        if list(acc.input[1:2]) != [out] or parameter_of_buffer(acc.input[0]) is None:
+            return None
+        return acc, parameter_of_buffer(acc.input[0]) or acc.input[0]
+
+
+@dataclass
+class _Edits:
+    """What the pass changes, gathered until the new node list is written."""
+
+    replace: dict[int, list[onnx.NodeProto]] = field(default_factory=dict)  # id(node) -> the nodes in its place
+    drop: set[int] = field(default_factory=set)  # id(node) of nodes removed
+    unread: list[onnx.NodeProto] = field(default_factory=list)  # nodes no longer read (removed if dead)
+    constants: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    infos: list[onnx.ValueInfoProto] = field(default_factory=list)
+
+
+def _rewrite_sum(
+    total: onnx.NodeProto, acc: onnx.NodeProto, param: str, mode: str, graph: _SumGraph, edits: _Edits
+) -> AccumulatedGradient | str:
+    """Rewrite the gradient sum ``total`` of ``param`` (read by ``acc``) in ``mode`` into ``edits``;
+    returns what was done, or why the sum is kept as written."""
+    partials = list(total.input)
+    if len(set(partials)) != len(partials) or not all(partials):
+        return "a partial gradient appears twice in its sum"
+    fused = graph.fused_into.get(total.name)
+    gemm_c = None
+    if fused is not None:
+        fused_c = fused.inputs[2] if fused.key == ("", "Gemm") and len(fused.inputs) > 2 else None
+        if mode == "inplace" and fused_c is not None and fused_c in partials:
+            return _split_fused_gemm(total, acc, param, fused, fused_c, partials, graph, edits)
+        if fused_c is None or fused_c not in partials or mode != "early":
+            return "onnxruntime fuses its sum into a Gemm: kept as written"
+        gemm_c = fused_c
+    # The first two partials may swap (a + b == b + a): the one that exists first goes first.
+    if len(partials) >= 2 and gemm_c is None:
+        inf = float("inf")
+        first, second = partials[0], partials[1]
+        if graph.when.get(_made_by(graph.producer, second), inf) < graph.when.get(_made_by(graph.producer, first), inf):
+            partials[0], partials[1] = second, first
+    if mode == "inplace":
+        owns = (p for p in partials[:2] if _owns_buffer(p, graph.producer, graph.readers, total, graph.graph_outputs))
+        target = next(owns, None)
+        if target is None:
+            return "no partial gradient owns its buffer (each is read elsewhere or an alias)"
+        if target != partials[0]:
+            partials[0], partials[1] = partials[1], partials[0]
+        new, record = _inplace_chain(total, acc, partials, param)
+        edits.replace[id(total)] = new
+    else:
+        new, record = _early_chain(total, acc, partials, param, gemm_c, _TRUE_NAME)
+        edits.replace[id(total)] = new
+        edits.drop.add(id(acc))
+    return record
+
+
+def _split_fused_gemm(
+    total: onnx.NodeProto,
+    acc: onnx.NodeProto,
+    param: str,
+    fused: RuntimeNode,
+    fused_c: str,
+    partials: list[str],
+    graph: _SumGraph,
+    edits: _Edits,
+) -> AccumulatedGradient | str:
+    """``inplace`` mode on a sum onnxruntime fuses into a Gemm as its ``C`` (partial ``fused_c``):
+    the sparse split of :func:`_sparse_gemm_chain`, or why it is kept as written."""
+    why = _sparse_split_refusal(fused, fused_c, partials, graph.producer, graph.readers, graph.rg, graph.graph_outputs)
+    if why is not None:
+        return f"onnxruntime fuses its sum into a Gemm: kept as written ({why})"
+    new, record = _sparse_gemm_chain(
+        total, acc, param, fused, graph.producer[fused_c], graph.rg, edits.constants, edits.infos
+    )
+    edits.replace[id(total)] = new
+    edits.drop.add(id(acc))
+    edits.unread += [graph.producer[t] for t in partials if t in graph.producer]
+    return record
+
+
+def _rewritten_model(model: onnx.ModelProto, mode: str, graph: _SumGraph, edits: _Edits) -> onnx.ModelProto:
+    """``model`` with ``edits``: the node list rewritten (dead nodes left out), constants and value
+    infos added."""
     emitted: list[onnx.NodeProto] = []
-    for n in nodes:
-        if id(n) in drop:
+    for n in graph.nodes:
+        if id(n) in edits.drop:
             continue
-        emitted.extend(replace.get(id(n), [n]))
-    emitted = _without_dead(emitted, unread, graph_outputs)
+        emitted.extend(edits.replace.get(id(n), [n]))
+    emitted = _without_dead(emitted, edits.unread, graph.graph_outputs)
     result = with_nodes(model, emitted)
     if mode == "early":
-        result.graph.initializer.append(numpy_helper.from_array(np.array([True]), true_name))
-    result.graph.initializer.extend(constants.values())
-    result.graph.value_info.extend(infos)
-    return AccumulationResult(result, done, skipped)
+        result.graph.initializer.append(numpy_helper.from_array(np.array([True]), _TRUE_NAME))
+    result.graph.initializer.extend(edits.constants.values())
+    result.graph.value_info.extend(edits.infos)
+    return result
 
 
 def _without_dead(

@@ -129,9 +129,11 @@ def _short(name: str, n: int = 48) -> str:
     return name if len(name) <= n else "…" + name[-(n - 1) :]
 
 
-# matplotlib's SVG carries the date and random ids (clip paths, glyphs): fixed here (no date, a
-# fixed hash salt for the ids), so the same estimate gives the same bytes. PNG carries neither.
-_NO_DATE = {"Date": None}
+SVG_NO_DATE = {"Date": None}
+"""``savefig`` metadata of an SVG without its date. matplotlib's SVG carries the date and random ids
+(clip paths, glyphs): both are fixed where a figure is saved, here and in :mod:`.tradeoff` (this
+metadata, and a fixed ``svg.hashsalt`` for the ids), so the same figure gives the same bytes. PNG
+carries neither."""
 
 
 def render(source, fmt: str, *, title: str | None = None) -> bytes:
@@ -141,7 +143,7 @@ def render(source, fmt: str, *, title: str | None = None) -> bytes:
 
     buf = io.BytesIO()
     with rc_context({"svg.hashsalt": "onnx-remat"}):
-        fig.savefig(buf, format=fmt, dpi=100, metadata=_NO_DATE if fmt == "svg" else None)
+        fig.savefig(buf, format=fmt, dpi=100, metadata=SVG_NO_DATE if fmt == "svg" else None)
     return buf.getvalue()
 
 

@@ -103,7 +103,7 @@ def plot_sweep(sweep, path: str | os.PathLike, *, title: str | None = None, meas
     from matplotlib import rc_context
 
     from onnx_remat.model_io import check_output
-    from onnx_remat.show.timeline import _NO_DATE
+    from onnx_remat.show.timeline import SVG_NO_DATE
 
     out = Path(path)
     if out.suffix.lower() not in FORMATS:
@@ -113,5 +113,5 @@ def plot_sweep(sweep, path: str | os.PathLike, *, title: str | None = None, meas
     buf = io.BytesIO()
     fig = figure(sweep, title=title, measured=measured)
     with rc_context({"svg.hashsalt": "onnx-remat"}):
-        fig.savefig(buf, format=fmt, dpi=100, metadata=_NO_DATE if fmt == "svg" else None)
+        fig.savefig(buf, format=fmt, dpi=100, metadata=SVG_NO_DATE if fmt == "svg" else None)
     return write_file(out, buf.getvalue(), force=force)

@@ -436,78 +436,107 @@ class _Pusher:
     # -- handlers -----------------------------------------------------------------------------
 
     def handle(self, kind: str, node: RuntimeNode, transpose: RuntimeNode, perm: list[int], indices: list[int]) -> bool:
+        """Push ``transpose`` (permutation ``perm``) through ``node``, which reads it, by the handler
+        ``kind``: the inputs ``indices`` get the inverse permutation, the outputs a Transpose each.
+        False where the handler declines (nothing has changed then)."""
         inv = _invert_perm(perm)
-        rank = len(perm)
         if kind == "transpose":
-            node_perm = _valid_perm(node.attrs.get("perm"))
-            if node_perm is None or len(node_perm) != rank:
-                return False
-            if node_perm == inv:
-                return self.cancel_transposes(transpose, node)
-            self.set_input(node, 0, transpose.inputs[0])
-            node.attrs["perm"] = _compose_perm(perm, node_perm)
-            node.origin = node.origin + transpose.origin
-            if not self.rg.consumers.get(transpose.outputs[0]) and self.comprehensive(transpose.outputs[0]):
-                self.remove(transpose)
-            return True
+            return self.handle_transpose(node, transpose, perm, inv)
         if kind in ("simple", "first", "broadcast"):
-            if kind == "broadcast":
-                ranks = []
-                for i in indices:
-                    dims = self.shape(node.inputs[i])
-                    if dims is None or len(dims) > rank:
-                        return False
-                    ranks.append(len(dims))
-                for i, r in zip(indices, ranks):
-                    if r < rank:
-                        self.unsqueeze_input(node, i, list(range(rank - r)))
-            for i in indices:
-                self.transpose_input(node, i, inv, perm)
-            self.transpose_outputs(node, perm)
-            return True
+            return self.handle_elementwise(kind, node, perm, inv, indices)
         if kind in ("softmax", "concat", "split"):
-            if kind == "softmax" and self.opset < 13:
-                axis = int(node.attrs.get("axis", 1))
-                axis = axis + rank if axis < 0 else axis
-                if not 0 <= axis < rank or any((i < axis) != (perm[i] < axis) for i in range(rank)):
-                    return False
-                self.transpose_input(node, 0, inv, perm)
-                self.transpose_outputs(node, perm)
-                return True
-            default: int | None = {"softmax": -1, "split": 0, "concat": None}[kind]
-            given = node.attrs.get("axis", default)
-            if given is None:
-                return False
-            axis = int(given) + rank if int(given) < 0 else int(given)
-            if not 0 <= axis < rank:
-                return False
-            for i in indices:
-                self.transpose_input(node, i, inv, perm)
-            self.transpose_outputs(node, perm)
-            node.attrs["axis"] = perm[axis]
-            return True
+            return self.handle_axis(kind, node, perm, inv, indices)
         if kind == "reduce":
             return self.handle_reduce(node, perm, inv)
         if kind == "squeeze":
-            axes = self.read_axes(node)
-            axes = None if axes is None else _normalize_axes(axes, rank)
-            if axes is None:
-                return False
-            new_axes = sorted(perm[a] for a in axes)
-            self.set_axes(node, new_axes)
-            self.transpose_input(node, 0, inv, perm)
-            self.transpose_outputs(node, _squeeze_perm(new_axes, perm))
-            return True
+            return self.handle_squeeze(node, perm, inv)
         if kind == "unsqueeze":
-            axes = self.read_axes(node)
-            axes = None if axes is None else _normalize_axes(axes, rank + len(axes))
-            if axes is None:
+            return self.handle_unsqueeze(node, perm, inv)
+        return False
+
+    def handle_transpose(self, node: RuntimeNode, transpose: RuntimeNode, perm: list[int], inv: list[int]) -> bool:
+        """A Transpose after ``transpose``: both cancel, or the two permutations become one."""
+        node_perm = _valid_perm(node.attrs.get("perm"))
+        if node_perm is None or len(node_perm) != len(perm):
+            return False
+        if node_perm == inv:
+            return self.cancel_transposes(transpose, node)
+        self.set_input(node, 0, transpose.inputs[0])
+        node.attrs["perm"] = _compose_perm(perm, node_perm)
+        node.origin = node.origin + transpose.origin
+        if not self.rg.consumers.get(transpose.outputs[0]) and self.comprehensive(transpose.outputs[0]):
+            self.remove(transpose)
+        return True
+
+    def handle_elementwise(
+        self, kind: str, node: RuntimeNode, perm: list[int], inv: list[int], indices: list[int]
+    ) -> bool:
+        """An element-wise op (``simple``, ``first``, ``broadcast``): its inputs ``indices`` transposed
+        (those of lower rank of a broadcasting op unsqueezed to the rank first), its outputs too."""
+        rank = len(perm)
+        if kind == "broadcast":
+            ranks = []
+            for i in indices:
+                dims = self.shape(node.inputs[i])
+                if dims is None or len(dims) > rank:
+                    return False
+                ranks.append(len(dims))
+            for i, r in zip(indices, ranks):
+                if r < rank:
+                    self.unsqueeze_input(node, i, list(range(rank - r)))
+        for i in indices:
+            self.transpose_input(node, i, inv, perm)
+        self.transpose_outputs(node, perm)
+        return True
+
+    def handle_axis(self, kind: str, node: RuntimeNode, perm: list[int], inv: list[int], indices: list[int]) -> bool:
+        """An op along one ``axis`` (``softmax``, ``concat``, ``split``): the axis permuted. A Softmax
+        below opset 13 (which flattens from its axis on) keeps its axis, where the permutation maps
+        the axes before it among themselves."""
+        rank = len(perm)
+        if kind == "softmax" and self.opset < 13:
+            axis = int(node.attrs.get("axis", 1))
+            axis = axis + rank if axis < 0 else axis
+            if not 0 <= axis < rank or any((i < axis) != (perm[i] < axis) for i in range(rank)):
                 return False
             self.transpose_input(node, 0, inv, perm)
-            new_perm = _unsqueeze_perm(axes, perm)
-            self.transpose_output(node, 0, new_perm, _invert_perm(new_perm))
+            self.transpose_outputs(node, perm)
             return True
-        return False
+        default: int | None = {"softmax": -1, "split": 0, "concat": None}[kind]
+        given = node.attrs.get("axis", default)
+        if given is None:
+            return False
+        axis = int(given) + rank if int(given) < 0 else int(given)
+        if not 0 <= axis < rank:
+            return False
+        for i in indices:
+            self.transpose_input(node, i, inv, perm)
+        self.transpose_outputs(node, perm)
+        node.attrs["axis"] = perm[axis]
+        return True
+
+    def handle_squeeze(self, node: RuntimeNode, perm: list[int], inv: list[int]) -> bool:
+        """A Squeeze: its axes permuted, its output transposed by what is left of ``perm``."""
+        axes = self.read_axes(node)
+        axes = None if axes is None else _normalize_axes(axes, len(perm))
+        if axes is None:
+            return False
+        new_axes = sorted(perm[a] for a in axes)
+        self.set_axes(node, new_axes)
+        self.transpose_input(node, 0, inv, perm)
+        self.transpose_outputs(node, _squeeze_perm(new_axes, perm))
+        return True
+
+    def handle_unsqueeze(self, node: RuntimeNode, perm: list[int], inv: list[int]) -> bool:
+        """An Unsqueeze: its output transposed by ``perm`` widened to the new axes."""
+        axes = self.read_axes(node)
+        axes = None if axes is None else _normalize_axes(axes, len(perm) + len(axes))
+        if axes is None:
+            return False
+        self.transpose_input(node, 0, inv, perm)
+        new_perm = _unsqueeze_perm(axes, perm)
+        self.transpose_output(node, 0, new_perm, _invert_perm(new_perm))
+        return True
 
     def set_axes(self, node: RuntimeNode, axes: list[int]) -> None:
         if self.opset < 13 or (node.op.startswith("Reduce") and node.op != "ReduceSum" and self.opset < 18):
