@@ -38,9 +38,13 @@ def test_per_layer_recompute_is_exact_and_lowers_the_peak(name, corpus, tmp_path
     blocks = len(spec.blocks(spec.build()))
     assert len(result.rewrite.segments) == blocks, [s.label for s in result.rewrite.segments]
     assert result.estimate_after.planned_peak_bytes < result.estimate_before.planned_peak_bytes
-    if len(result.plan.masks) > 1:  # with dropout: masks packed to bits (the default) and still bit-identical
-        assert result.dropout == "packed" and result.rewrite.packed_masks
-        assert result.mask_bytes < sum(result.analysis.sizes.nbytes(m) or 0 for m in result.plan.masks)
+    if len(result.plan.masks) > 1:  # with dropout: masks packed to bits (the default) and still bit-identical,
+        # unless the estimate says packing raises the peak (wav2vec2): then bytes, and a note says so
+        if result.dropout == "packed":
+            assert result.rewrite.packed_masks
+            assert result.mask_bytes < sum(result.analysis.sizes.nbytes(m) or 0 for m in result.plan.masks)
+        else:
+            assert result.dropout == "byte" and any("one byte per element" in n for n in result.notes)
     out = result.save(tmp_path / "remat")
     c = compare(src, out, steps=1, warmup=1, live=False)
     assert c.equal, (c.mismatched[:5], c.equality_run)
