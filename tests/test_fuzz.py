@@ -53,3 +53,32 @@ def test_budget_on_a_fuzz_model_with_negative_corrections(tmp_path):
             assert "lowest planned peak" in str(exc)
         else:
             assert result.estimate_after.planned_peak_bytes <= result.budget.budget
+
+
+def test_budget_rotor_group_whose_outer_segment_starts_after_an_inner_one(tmp_path):
+    """Fuzz model 3021 (TorchScript, opset 14, 257 nodes) at a 45% budget: the lowest-peak search
+    realised a rotor group (blocks.2 from the input keeping blocks.0 and blocks.1; blocks.1 from
+    blocks.0's clone) whose outer segment's first node comes after the inner one's (the exporter
+    puts parameter Transposes at the top), so the inner segment read clones not made yet
+    (AssertionError, an internal error). Now makers come first: a plan or a one-line refusal."""
+    import onnx_remat
+    from benchmarks.fuzz import build
+    from onnx_remat.errors import RematError
+    from onnx_remat.exporters import export_for_training, trainable_parameter_names
+    from onnx_remat.runtime.artifacts import generate_training_artifacts
+
+    spec = draw_model(3021)
+    module, args, _ = build(spec)
+    model = export_for_training(module, args, exporter=spec.exporter, opset=spec.opset, input_names=["x"])
+    art = tmp_path / "art"
+    art.mkdir()
+    generate_training_artifacts(
+        model, art, requires_grad=trainable_parameter_names(model, module, strict=True), loss=spec.loss
+    )
+    for budget in ("45%", "75%"):
+        try:
+            result = onnx_remat.apply(art, budget=budget)
+        except RematError as exc:
+            assert "lowest planned peak" in str(exc)
+        else:
+            assert result.estimate_after.planned_peak_bytes <= result.budget.budget

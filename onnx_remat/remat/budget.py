@@ -62,6 +62,38 @@ PER_LAYER, RECOMPUTE_OUTPUTS, PLANNER, NONE = "per-layer", "recompute-outputs", 
 STAGED_LIMIT = 20  # the --recompute-outputs reference is skipped when its stages clone more than this x forward
 
 
+def makers_first(segments: list[Segment]) -> list[Segment]:
+    """``segments`` in their order, except that a segment reading clones (``from_clones``) comes
+    after the segments making them (whose targets they are), as the rewrite needs.
+
+    The order given is by the first node each segment recomputes; that is not enough, because a
+    rotor group's outer segment also keeps the boundaries of inner units for them, and its first
+    node can come after theirs (seen: parameter Transposes that the exporter puts at the top of
+    the graph). Stable and linear: a depth-first walk over the makers.
+    """
+    maker: dict[str, int] = {}
+    for i, seg in enumerate(segments):
+        for t in seg.targets:
+            maker.setdefault(t.name, i)
+    state = [0] * len(segments)  # 0 new, 1 on the walk, 2 placed
+    out: list[Segment] = []
+    for start in range(len(segments)):
+        stack = [(start, iter(segments[start].from_clones))]
+        while stack:
+            i, pending = stack[-1]
+            if state[i] == 0:
+                state[i] = 1
+            dep = next((maker[n] for n in pending if n in maker and state[maker[n]] == 0), None)
+            if dep is not None:
+                stack.append((dep, iter(segments[dep].from_clones)))
+                continue
+            stack.pop()
+            if state[i] != 2:
+                state[i] = 2
+                out.append(segments[i])
+    return out
+
+
 @dataclass
 class BudgetPlan:
     """One plan and its exact figures.
@@ -378,7 +410,7 @@ class BudgetPlanner:
         if not segments:
             return BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, [])
         pos = self.analysis.graph.position
-        segments = sorted(segments, key=lambda s: min(pos[id(producer(t))] for t in s.targets))
+        segments = makers_first(sorted(segments, key=lambda s: min(pos[id(producer(t))] for t in s.targets)))
         made: set[str] = set()
         for s in segments:  # a segment reading clones comes after the one making them
             missing = [n for n in s.from_clones if n not in made]
