@@ -66,6 +66,8 @@ class TensorSizes:
         # nbytes per name, asked for every tensor of every plan the emulation makes; emptied when a
         # shape is added (the dims are bound at construction and not changed afterwards)
         self._nbytes: dict[str, int | None] = {}
+        # (element type, declared dims) per name, for the planner's reuse keys; emptied with _nbytes
+        self._declared_keys: dict[str, tuple[int, tuple[Dim, ...]] | None] = {}
         self.inference_error: str | None = None
         self._add_graph(model.graph)
         if infer:
@@ -80,6 +82,7 @@ class TensorSizes:
             if overwrite or old is None or (old[1] is None and info[1] is not None):
                 self._info[vi.name] = info
                 self._nbytes.clear()
+                self._declared_keys.clear()
 
     def _add_graph(self, graph: onnx.GraphProto) -> None:
         for init in graph.initializer:
@@ -152,6 +155,7 @@ class TensorSizes:
         new.dims = dict(self.dims)
         new._info = dict(self._info)
         new._nbytes = dict(self._nbytes)
+        new._declared_keys = dict(self._declared_keys)
         new.inference_error = self.inference_error
         return new
 
@@ -161,6 +165,15 @@ class TensorSizes:
         ``<tensor>_grad`` naming rule gives it."""
         info = self._info.get(name)
         return info is not None and info[1] is not None
+
+    def declared_type_and_dims(self, name: str) -> tuple[int, tuple[Dim, ...]] | None:
+        """``(element type, dims as declared)`` when :meth:`declared` and the type is known, else None.
+        Memoized: onnxruntime's planner asks for it for every tensor of every plan the emulation makes."""
+        if name in self._declared_keys:
+            return self._declared_keys[name]
+        info = self._info.get(name) if self.declared(name) else None
+        value = self._declared_keys[name] = (info[0], info[1]) if info and info[0] and info[1] is not None else None
+        return value
 
     def raw_dims(self, name: str) -> tuple[Dim, ...] | None:
         """The shape as declared, symbolic dimensions left as their names (None if the rank is unknown)."""

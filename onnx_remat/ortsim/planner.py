@@ -189,13 +189,10 @@ class _ShapeKeys:
         self.seq = 0
 
     def key(self, t: str) -> tuple | None:
-        if not self.sizes.declared(t):
+        declared = self.sizes.declared_type_and_dims(t)
+        if declared is None:
             return None
-        dims = self.sizes.raw_dims(t)
-        et = self.sizes.elem_type(t)
-        if dims is None or not et:
-            return None
-        return (_element_size(et), tuple(dims))
+        return (_element_size(declared[0]), declared[1])
 
     def push(self, buf: str) -> None:
         self.seq += 1

@@ -23,7 +23,7 @@ from onnx_remat.graph.random_order import random_ops
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.budget import apply_budget
-from onnx_remat.remat.pipeline import RewritePipeline
+from onnx_remat.remat.pipeline import RewritePipeline, unpacking_at_peak
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
 from onnx_remat.remat.result import ApplyResult
@@ -179,10 +179,12 @@ def apply(
         estimate=before is not None,
     )
     checked = pipeline.checked(planned(dropout), before)
-    if checked.rewrite.packed_masks and checked.estimate is not None:
+    if checked.rewrite.packed_masks and checked.estimate is not None and unpacking_at_peak(checked.estimate):
         # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
         # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
-        # earlier block's masks again), the masks stay bytes.
+        # earlier block's masks again), the masks stay bytes. Byte masks are 8 times the packed
+        # bytes at every other point, so the byte variant can only win where unpacking scratch
+        # is live at the packed rewrite's peak: only then is it made (it costs a whole pipeline run).
         byte = pipeline.checked(planned("byte"), before)
         assert byte.estimate is not None
         if byte.estimate.planned_peak_bytes < checked.estimate.planned_peak_bytes:

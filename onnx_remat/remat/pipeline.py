@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.errors import RematError
+from onnx_remat.graph import tags
 from onnx_remat.memory import MemoryEstimate, estimate_emulated
 from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.plan import RecomputePlan, SkippedSegment, nothing_to_recompute
@@ -117,6 +118,15 @@ class RewritePipeline:
             rise = after.planned_peak_bytes - before.planned_peak_bytes
             to = format_bytes(after.planned_peak_bytes)
             dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
+
+
+def unpacking_at_peak(estimate: MemoryEstimate) -> bool:
+    """True when the estimated peak is at, or holds a tensor of, the nodes that unpack packed
+    dropout masks (:func:`onnx_remat.graph.tags.is_unpack_name`): the only place where keeping
+    the masks as bytes could lower the peak."""
+    return tags.is_unpack_name(estimate.peak_node or "") or any(
+        tags.is_unpack_name(t.producer) for t in estimate.live_at_peak
+    )
 
 
 def culprit(after: MemoryEstimate, rewrite: RewriteResult) -> str:
