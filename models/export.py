@@ -50,9 +50,11 @@ from onnx_remat.runtime.artifacts import ONNX_FILES, generate_training_artifacts
 
 from . import ARTIFACTS_DIR_NAME, MODELS, ModelSpec
 from .corpus import CORPUS, LARGE
+from .realsize import REALSIZE
 
 DEFAULT_OUT = Path(__file__).resolve().parent / ARTIFACTS_DIR_NAME
 CORPUS_OUT = Path(__file__).resolve().parents[1] / ".cache" / "corpus"
+REALSIZE_OUT = Path(__file__).resolve().parents[1] / ".cache" / "realsize"
 
 
 def export_onnx(spec: ModelSpec, module: torch.nn.Module | None = None) -> tuple[onnx.ModelProto, torch.nn.Module]:
@@ -130,15 +132,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(LARGE)} (real width, ~500 MB)",
     )
     parser.add_argument(
+        "--realsize",
+        action="store_true",
+        help=f"the real-size models (models/realsize.py): {', '.join(REALSIZE)}; minutes and GBs each",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
-        help=f"output folder (default: models/artifacts, or {CORPUS_OUT} with --corpus)",
+        help=f"output folder (default: models/artifacts; {CORPUS_OUT} with --corpus, {REALSIZE_OUT} with --realsize)",
     )
     args = parser.parse_args(argv)
-    registry = {**CORPUS, **LARGE} if args.corpus else MODELS
-    out = args.out or (CORPUS_OUT if args.corpus else DEFAULT_OUT)
-    names = args.names or list(CORPUS if args.corpus else MODELS)
+    if args.corpus and args.realsize:
+        parser.error("give --corpus or --realsize, not both")
+    registry = {**CORPUS, **LARGE} if args.corpus else REALSIZE if args.realsize else MODELS
+    out = args.out or (CORPUS_OUT if args.corpus else REALSIZE_OUT if args.realsize else DEFAULT_OUT)
+    names = args.names or list(CORPUS if args.corpus else REALSIZE if args.realsize else MODELS)
     unknown = [n for n in names if n not in registry]
     if unknown:
         parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(registry)}")

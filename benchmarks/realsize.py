@@ -1,0 +1,373 @@
+"""Real size: onnx-remat on the models that run out of memory, beside PyTorch's own answers, in one run.
+
+    python -m benchmarks.realsize [NAME ...] [--steps 2] [--peers eager,checkpoint,sac,compile]
+    python -m benchmarks.realsize --render          # the Markdown again from the JSON
+
+For each model of ``models.realsize.REALSIZE`` (default: all, smallest first; artifacts exported
+into ``.cache/realsize`` when missing), every figure from this one run:
+
+onnx-remat, each ``onnx-remat apply`` a fresh process (its wall time and peak RSS recorded):
+
+* ``per-layer``: ``apply ART --scope <layer class>`` with the defaults;
+* ``budget 50%``: ``apply ART --budget 50%``;
+* ``lowest``: ``apply ART --budget min``, the lowest exact planned peak the planner finds.
+
+Each rewrite against the original by :func:`onnx_remat.compare` (planned peak, live peak, step
+time side by side, loss and every gradient after one step, single-threaded where kernels race),
+and the absolute step peak of both (:func:`onnx_remat.runtime.step_peak.absolute_step_peak`:
+``Module`` + AdamW ``Optimizer``, parameters, gradients, moments and activations).
+
+PyTorch on the same module, inputs and loss (:mod:`benchmarks.peer_step`, a fresh process per
+configuration): eager, ``torch.utils.checkpoint`` per layer, selective checkpointing (matrix
+products saved), and ``torch.compile`` with ``activation_memory_budget`` 1.0, 0.5 and the budget
+whose live peak comes closest to onnx-remat's lowest exact live peak (a few probes). Time ratios
+are to each runtime's own baseline: onnxruntime's original graph for onnx-remat, eager for
+eager/checkpoint/selective, ``compile`` at 1.0 for the compile rows.
+
+Results: ``benchmarks/results/realsize.json`` (every figure; written after each model, so a run
+cut short keeps what it measured) and ``realsize.md`` (one table per model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "realsize"
+ORDER = ("resnet50", "vit_b16", "bert_base", "gpt2_small", "gpt2_medium", "llama_2048")  # cheapest first
+REMAT_CONFIGS = (("per-layer", None), ("budget 50%", "50%"), ("lowest", "min"))
+PEERS = ("eager", "checkpoint", "sac", "compile")
+MATCH_PROBES = (0.25, 0.1, 0.5)  # compile:match: the budgets tried, in order, until one is at or below the target
+MiB = 2**20
+
+
+def _log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def tool_run(argv: list[str], timeout: float) -> dict:
+    """``argv`` as a fresh process: wall seconds, peak RSS (bytes), exit status, last stderr line."""
+    from benchmarks.apply_scale import run_measured
+
+    return run_measured(argv, timeout)
+
+
+def apply_config(cli: Path, art: Path, spec, label: str, budget: str | None, out: Path, timeout: float) -> dict:
+    """Run one onnx-remat configuration; returns its tool figures and the estimate it printed."""
+    args = ["--scope", spec.block_scope] if budget is None else ["--budget", budget]
+    js = out.with_suffix(".json")
+    argv = [str(cli), "apply", str(art), *args, "-o", str(out), "--force", "--json", str(js)]
+    row: dict = {"config": label, "command": f"onnx-remat apply ART {' '.join(args)}", "tool": tool_run(argv, timeout)}
+    if js.exists():
+        summary = json.loads(js.read_text())
+        est = summary.get("estimate") or {}
+        row["estimate_before"] = est.get("planned_peak_bytes_before")
+        row["estimate_after"] = est.get("planned_peak_bytes_after")
+        row["segments"] = len(summary.get("segments") or [])
+    return row
+
+
+def feeds_of(spec) -> list:
+    """The training graph's inputs, in its order: the model inputs, then the loss target."""
+    arrays = [t.numpy() for t in spec.example_inputs()]
+    target = spec.example_target()
+    return arrays + ([target.numpy()] if target is not None else [])
+
+
+def measure_rewrite(art: Path, out: Path, spec, steps: int) -> dict:
+    """compare(original, rewrite) and both absolute step peaks."""
+    from onnx_remat.runtime.compare import compare
+    from onnx_remat.runtime.step_peak import absolute_step_peak
+
+    c = compare(art, out, steps=steps, warmup=1, live=True)
+    a, b = c.a, c.b
+    return {
+        "planned_before": a.planned_peak_bytes,
+        "planned_after": b.planned_peak_bytes,
+        "live_before": a.live_peak_bytes,
+        "live_after": b.live_peak_bytes,
+        "time_before_s": a.step_time_s.median,
+        "time_after_s": b.step_time_s.median,
+        "time_ratio": c.ratios.get("step_time_s"),
+        "equal": c.equal,
+        "equality_run": c.equality_run,
+        "mismatched": c.mismatched[:5],
+        "absolute_before": absolute_step_peak(art, feeds_of(spec))["absolute_peak_bytes"],
+        "absolute_after": absolute_step_peak(out, feeds_of(spec))["absolute_peak_bytes"],
+    }
+
+
+def peer_run(name: str, config: str, steps: int, timeout: float) -> dict:
+    """One PyTorch configuration in a fresh process (benchmarks.peer_step)."""
+    from onnx_remat.runtime.memory import LIVE_MALLOC_ENV
+
+    argv = [sys.executable, "-m", "benchmarks.peer_step", "--model", name, "--config", config, "--steps", str(steps)]
+    env = {**os.environ, **LIVE_MALLOC_ENV}
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"config": config, "error": f"took more than {timeout:.0f} s (compilation included)"}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        tail = " ".join(proc.stderr.strip()[-400:].split()) or f"exit {proc.returncode}"
+        return {"config": config, "error": tail}
+    data = json.loads(lines[-1])
+    if "error" in data:
+        return {"config": config, "error": data["error"]}
+    return {**data["result"], "config": config, "error": None, "wall_s": time.perf_counter() - start}
+
+
+def measure_peers(name: str, peers: list[str], steps: int, target_live: int | None, timeout: float) -> list[dict]:
+    """The PyTorch rows: eager, checkpoint, selective, compile at 1.0, 0.5 and matched to ``target_live``."""
+    rows = []
+    for config in [p for p in peers if p != "compile"]:
+        _log(f"{name}: PyTorch {config}")
+        rows.append(peer_run(name, config, steps, timeout))
+    if "compile" in peers:
+        for budget in (1.0, 0.5):
+            _log(f"{name}: PyTorch compile, activation_memory_budget {budget}")
+            rows.append(peer_run(name, f"compile:{budget}", steps, timeout))
+        rows += match_compile(name, rows, steps, target_live, timeout)
+    return rows
+
+
+def match_compile(name: str, rows: list[dict], steps: int, target_live: int | None, timeout: float) -> list[dict]:
+    """``compile:match``: the probe of :data:`MATCH_PROBES` whose live peak is closest to ``target_live``
+    (stopping at the first at or below it), with 1.0 and 0.5 counted as probes too."""
+    if target_live is None:
+        return [{"config": "compile:match", "error": "no exact onnx-remat live peak to match"}]
+    probes = [r for r in rows if r["config"].startswith("compile:") and not r.get("error")]
+    for budget in MATCH_PROBES:
+        if any(r.get("live_peak_bytes") is not None and r["live_peak_bytes"] <= target_live for r in probes):
+            break
+        if any(r.get("budget") == budget for r in probes):
+            continue
+        _log(f"{name}: PyTorch compile, activation_memory_budget {budget} (matching {target_live / MiB:.0f} MiB)")
+        r = peer_run(name, f"compile:{budget}", steps, timeout)
+        if r.get("error"):
+            return [{**r, "config": "compile:match"}]
+        probes.append(r)
+    if not probes:
+        return [{"config": "compile:match", "error": "no compile configuration ran"}]
+    best = min(probes, key=lambda r: abs((r.get("live_peak_bytes") or 0) - target_live))
+    return [
+        {**best, "config": "compile:match", "probes": [(r.get("budget"), r.get("live_peak_bytes")) for r in probes]}
+    ]
+
+
+def ensure_artifacts(spec, cache: Path) -> tuple[Path, float | None]:
+    """The artifacts of ``spec`` under ``cache`` (exported when missing) and the export's seconds."""
+    from models.export import export_artifacts
+
+    art = cache / spec.name
+    if (art / "training_model.onnx").exists():
+        return art, None
+    start = time.perf_counter()
+    export_artifacts(spec, cache)
+    return art, time.perf_counter() - start
+
+
+def measure_model(name: str, *, steps: int, peers: list[str], cache: Path, timeout: float) -> dict:
+    """Every figure of one real-size model (see the module docstring)."""
+    import onnx
+
+    from benchmarks.peer_step import find_spec
+
+    spec = find_spec(name)
+    art, export_s = ensure_artifacts(spec, cache)
+    nodes = len(onnx.load(str(art / "training_model.onnx"), load_external_data=False).graph.node)
+    cli = Path(sys.executable).with_name("onnx-remat")
+    report: dict = {"model": name, "description": spec.description, "nodes": nodes, "export_s": export_s, "rows": []}
+    work = Path(tempfile.mkdtemp(prefix=f"realsize-{name}-"))
+    try:
+        for label, budget in REMAT_CONFIGS:
+            _log(f"{name}: onnx-remat {label}")
+            out = work / label.replace(" ", "_").replace("%", "pc")
+            row = apply_config(cli, art, spec, label, budget, out, timeout)
+            if row["tool"]["exit"] == 0 and out.exists():
+                row.update(measure_rewrite(art, out, spec, steps))
+            else:
+                row["error"] = row["tool"].get("error") or f"exit {row['tool']['exit']}"
+            report["rows"].append(row)
+            shutil.rmtree(out, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    exact = [r["live_after"] for r in report["rows"] if r.get("equal") and r.get("live_after")]
+    target = min(exact) if exact else None
+    report["peers"] = measure_peers(name, peers, steps, target, timeout) if peers else []
+    return report
+
+
+# -- the tables --------------------------------------------------------------------------------------
+
+
+def _mib(n) -> str:
+    if n is None:
+        return "-"
+    return f"{n / MiB:,.1f} MiB" if n < 100 * MiB else f"{n / MiB:,.0f} MiB"
+
+
+def _x(r) -> str:
+    return "-" if r is None else f"x{r:.2f}"
+
+
+def _tool(t: dict | None) -> str:
+    if not t:
+        return "-"
+    return f"{t['wall_s']:.1f} s, {t['peak_rss_bytes'] / 2**30:.2f} GiB"
+
+
+def _estimate(row: dict) -> str:
+    est, measured = row.get("estimate_after"), row.get("planned_after")
+    if est is None or not measured:
+        return "-"
+    off = est / measured - 1
+    return "exact" if est == measured else f"{off:+.1%}"
+
+
+def render_model(report: dict) -> str:
+    """One model's table: onnxruntime's original, onnx-remat's rows, then PyTorch's."""
+    rows = report["rows"]
+    first = next((r for r in rows if r.get("planned_before")), {})
+    head = (
+        "| configuration | planned peak | live peak | absolute step peak | time ratio | bit-identical "
+        "| tool time, RSS | estimate vs planned |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---|---|---|"]
+    lines.append(
+        f"| onnxruntime, original | {_mib(first.get('planned_before'))} | {_mib(first.get('live_before'))} "
+        f"| {_mib(first.get('absolute_before'))} | x1.00 | - | - | - |"
+    )
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"| onnx-remat {r['config']} | {r['error']} ||||||")
+            continue
+        equal = "yes" if r.get("equal") else f"**no** ({', '.join(r.get('mismatched') or [])})"
+        lines.append(
+            f"| onnx-remat {r['config']} (`{r['command'].replace('onnx-remat apply ART ', '')}`) "
+            f"| {_mib(r.get('planned_after'))} | {_mib(r.get('live_after'))} | {_mib(r.get('absolute_after'))} "
+            f"| {_x(r.get('time_ratio'))} | {equal} | {_tool(r.get('tool'))} | {_estimate(r)} |"
+        )
+    peers = report.get("peers") or []
+    base = {
+        "eager": next((p for p in peers if p["config"] == "eager" and not p.get("error")), None),
+        "compile": next((p for p in peers if p["config"] == "compile:1.0" and not p.get("error")), None),
+    }
+    for p in peers:
+        label = _peer_label(p)
+        if p.get("error"):
+            lines.append(f"| {label} | cannot run here: {p['error']} ||||||")
+            continue
+        ref = base["compile" if p["config"].startswith("compile") else "eager"]
+        ratio = p["step_time_s"] / ref["step_time_s"] if ref and ref.get("step_time_s") else None
+        lines.append(
+            f"| {label} | - | {_mib(p.get('live_peak_bytes'))} | {_mib(p.get('absolute_peak_bytes'))} "
+            f"| {_x(ratio)} | - | - | - |"
+        )
+    return "\n".join(lines)
+
+
+def _peer_label(p: dict) -> str:
+    c = p["config"]
+    if c == "eager":
+        return "PyTorch eager"
+    if c == "checkpoint":
+        return "PyTorch `checkpoint` per layer"
+    if c == "sac":
+        return "PyTorch selective checkpointing (matmuls saved)"
+    if c == "compile:match":
+        b = p.get("budget")
+        return f"PyTorch `torch.compile`, budget matched ({b})" if b is not None else "PyTorch `torch.compile`, matched"
+    return f"PyTorch `torch.compile`, `activation_memory_budget` {c.split(':', 1)[1]}"
+
+
+def render(data: dict) -> str:
+    """The Markdown of a whole run: a heading, description and table per model."""
+    parts = []
+    for report in data["models"]:
+        absolute = [r.get("absolute_after") for r in report["rows"] if r.get("equal") and r.get("absolute_after")]
+        parts.append(
+            f"#### {report['model']}\n\n{report['description']}; {report['nodes']:,} training-graph nodes.\n\n"
+            + render_model(report)
+            + (f"\n\nLowest exact absolute step peak: {_mib(min(absolute))}." if absolute else "")
+        )
+    return "\n\n".join(parts)
+
+
+def _write(data: dict, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
+    out.with_suffix(".md").write_text(
+        f"# Real size: onnx-remat beside PyTorch\n\nRecorded {data['date']} ({data['machine']}), by "
+        f"`{data['command']}`.\n\n{render(data)}\n"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    from benchmarks.peer_step import find_spec
+    from models.export import REALSIZE_OUT
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.realsize", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "names", nargs="*", help=f"models (default: {' '.join(ORDER)}; also any corpus or example model)"
+    )
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per measurement (default 2)")
+    parser.add_argument(
+        "--peers", default=",".join(PEERS), help="PyTorch configurations: any of eager,checkpoint,sac,compile; '' none"
+    )
+    parser.add_argument("--cache", type=Path, default=REALSIZE_OUT, help="where the artifacts are kept")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per command (default 3600)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="<out>.json and <out>.md")
+    parser.add_argument("--append", action="store_true", help="add to the models already in <out>.json")
+    parser.add_argument("--render", action="store_true", help="rewrite <out>.md from <out>.json, run nothing")
+    args = parser.parse_args(argv)
+    if args.render:
+        _write(json.loads(args.out.with_suffix(".json").read_text()), args.out)
+        return 0
+    names = args.names or list(ORDER)
+    unknown = []
+    for n in names:
+        try:
+            find_spec(n)
+        except KeyError:
+            unknown.append(n)
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; real size: {', '.join(ORDER)}")
+    peers = [p for p in args.peers.split(",") if p]
+    bad = [p for p in peers if p not in PEERS]
+    if bad:
+        parser.error(f"unknown peer(s) {', '.join(bad)}; known: {', '.join(PEERS)}")
+    data = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "command": "python -m benchmarks.realsize " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "models": [],
+    }
+    if args.append and args.out.with_suffix(".json").exists():
+        data["models"] = json.loads(args.out.with_suffix(".json").read_text())["models"]
+    for name in names:
+        data["models"] = [m for m in data["models"] if m["model"] != name]
+        data["models"].append(
+            measure_model(name, steps=args.steps, peers=peers, cache=args.cache, timeout=args.timeout)
+        )
+        _write(data, args.out)
+        _log(f"{name}: done")
+    print(render(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""benchmarks.realsize: its tables from recorded figures, and a whole run on a small model (the
+real-size run itself is `python -m benchmarks.realsize`, hours on 2 cores; README "Real size")."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.realsize import main, render_model
+
+MiB = 2**20
+
+
+def _report() -> dict:
+    tool = {"wall_s": 12.3, "peak_rss_bytes": 3 * 2**30, "exit": 0, "timed_out": False, "error": None}
+    rows = [
+        {
+            "config": "per-layer",
+            "command": "onnx-remat apply ART --scope Block",
+            "tool": tool,
+            "estimate_after": 50 * MiB,
+            "planned_before": 100 * MiB,
+            "planned_after": 50 * MiB,
+            "live_before": 110 * MiB,
+            "live_after": 60 * MiB,
+            "absolute_before": 900 * MiB,
+            "absolute_after": 850 * MiB,
+            "time_ratio": 1.31,
+            "equal": True,
+        },
+        {"config": "lowest", "command": "onnx-remat apply ART --budget min", "tool": tool, "error": "exit 2"},
+    ]
+    peers = [
+        {"config": "eager", "live_peak_bytes": 200 * MiB, "absolute_peak_bytes": 1200 * MiB, "step_time_s": 2.0},
+        {"config": "checkpoint", "live_peak_bytes": 80 * MiB, "absolute_peak_bytes": 1100 * MiB, "step_time_s": 3.0},
+        {"config": "compile:1.0", "live_peak_bytes": 150 * MiB, "absolute_peak_bytes": 1300 * MiB, "step_time_s": 1.0},
+        {"config": "compile:match", "budget": 0.25, "live_peak_bytes": 70 * MiB, "step_time_s": 1.5},
+        {"config": "sac", "error": "RuntimeError: no"},
+    ]
+    return {"model": "m", "description": "d", "nodes": 10, "rows": rows, "peers": peers}
+
+
+def test_each_row_says_what_ran_and_how_it_compares():
+    lines = render_model(_report()).splitlines()
+    assert lines[2].startswith("| onnxruntime, original | 100 MiB | 110 MiB | 900 MiB | x1.00 |")
+    assert lines[3] == (
+        "| onnx-remat per-layer (`--scope Block`) | 50.0 MiB | 60.0 MiB | 850 MiB | x1.31 | yes "
+        "| 12.3 s, 3.00 GiB | exact |"
+    )
+    assert lines[4].startswith("| onnx-remat lowest | exit 2 |")
+    # time ratios are to each runtime's own baseline: eager for checkpoint, compile at 1.0 for compile rows
+    assert "| PyTorch `checkpoint` per layer | - | 80.0 MiB | 1,100 MiB | x1.50 |" in lines[6]
+    assert "budget matched (0.25) | - | 70.0 MiB | - | x1.50 |" in lines[8]
+    assert lines[9] == "| PyTorch selective checkpointing (matmuls saved) | cannot run here: RuntimeError: no ||||||"
+
+
+@pytest.mark.timeout(300)
+def test_a_whole_run_on_a_small_model(tmp_path, monkeypatch):
+    """fc5 from the example artifacts: every onnx-remat row rewritten, run and bit-identical, the
+    absolute step peak (Module + AdamW) measured, and PyTorch eager beside it."""
+    from conftest import artifacts_dir
+
+    out = tmp_path / "realsize"
+    cache = artifacts_dir("fc5").parent
+    assert main(["fc5", "--cache", str(cache), "--peers", "eager", "--steps", "1", "--out", str(out)]) == 0
+    (report,) = json.loads(out.with_suffix(".json").read_text())["models"]
+    rows = {r["config"]: r for r in report["rows"]}
+    assert set(rows) == {"per-layer", "budget 50%", "lowest"}
+    for r in rows.values():
+        assert r["equal"], r
+        assert r["planned_after"] < r["planned_before"]
+        assert r["live_after"] < r["live_before"]
+        assert r["absolute_after"] < r["absolute_before"]
+        assert r["tool"]["wall_s"] > 0 and r["tool"]["peak_rss_bytes"] > 0
+        assert r["estimate_after"] == r["planned_after"]
+    assert rows["lowest"]["planned_after"] <= rows["per-layer"]["planned_after"]
+    (eager,) = report["peers"]
+    assert eager["error"] is None and eager["live_peak_bytes"] > 0 and eager["absolute_peak_bytes"] > 0
+    assert render_model(report) in out.with_suffix(".md").read_text()
