@@ -50,9 +50,10 @@ def budget_options(f):
 def budget_option(f):
     return click.option(
         "--budget",
-        metavar="SIZE|PERCENT",
+        metavar="SIZE|PERCENT|min",
         help="Choose what to recompute so the planned peak fits SIZE (60MiB, 1.5GiB) or PERCENT of the "
-        "unrewritten planned peak (40%), at the least added compute. Replaces --scope/--op-type/--node.",
+        "unrewritten planned peak (40%), at the least added compute; 'min': the lowest planned peak "
+        "onnx-remat reaches. Replaces --scope/--op-type/--node.",
     )(f)
 
 

@@ -123,7 +123,8 @@ def apply(
     call :meth:`ApplyResult.save`. Raises :class:`~onnx_remat.errors.RematError` on bad input,
     a selection that matches nothing, or one of which nothing can be recomputed.
 
-    ``budget`` (bytes, ``"60MiB"``, or ``"40%"`` of the unrewritten planned peak) replaces the
+    ``budget`` (bytes, ``"60MiB"``, ``"40%"`` of the unrewritten planned peak, or ``"min"``: the
+    lowest exact planned peak the planner finds) replaces the
     selection: onnx-remat chooses what to recompute so that the estimated planned peak fits, at the
     least added compute (:mod:`onnx_remat.remat.budget`; ``profile``: per-node costs, see
     :func:`onnx_remat.remat.cost.node_costs`). ``ApplyResult.budget`` says how; a budget below the

@@ -732,6 +732,9 @@ class BudgetPlanner:
         return Sweep(base, self.costs.total, out, self.references(), floor, self.costs.source)
 
 
+MIN_BUDGET = "min"  # apply(budget="min"): the lowest exact planned peak the planner finds
+
+
 def parse_budget(budget: int | float | str, baseline_peak: int) -> int:
     """Bytes of a budget given as bytes (int), a size (``"60MiB"``, ``"1.5GiB"``) or a share of the
     unrewritten graph's planned peak (``"40%"``). Raises a one-line RematError otherwise."""
@@ -785,7 +788,11 @@ def apply_budget(
     planner = BudgetPlanner(
         analysis, profile=profile, dropout=dropout, schedule=schedule, grad_accumulation=grad_accumulation
     )
-    limit = parse_budget(budget, planner.baseline_peak)
+    if isinstance(budget, str) and budget.strip().lower() == MIN_BUDGET:
+        # the floor's own written peak: plan() then takes the floor (or a cheaper plan as low)
+        limit = int(planner.floor().written_peak)
+    else:
+        limit = parse_budget(budget, planner.baseline_peak)
     result = planner.plan(limit)
     chosen = result.chosen
     scheduled = None

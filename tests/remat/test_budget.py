@@ -136,3 +136,18 @@ def test_budgets_are_met_as_apply_writes_them_scheduled():
     floor_mib = float(str(refused.value).split("reaches for this graph, ")[1].split(" MiB")[0])
     at_floor = onnx_remat.apply(art, budget=f"{floor_mib + 0.05}MiB")
     assert at_floor.estimate_after.planned_peak_bytes <= (floor_mib + 0.05) * MiB
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt"])
+def test_budget_min_is_the_lowest_peak_the_refusal_names(name):
+    """apply(budget="min") writes the floor: the peak that a budget below it is refused with, and
+    no budget gets lower."""
+    art = artifacts_dir(name)
+    lowest = onnx_remat.apply(art, budget="min")
+    peak = lowest.estimate_after.planned_peak_bytes
+    with pytest.raises(RematError, match="lowest planned peak") as refused:
+        onnx_remat.apply(art, budget=peak - 1)
+    named = float(str(refused.value).split("reaches for this graph, ")[1].split(" MiB")[0])
+    assert abs(named - peak / MiB) < 0.05
+    assert peak < lowest.estimate_before.planned_peak_bytes
+    assert onnx_remat.apply(art, budget=" MIN ").estimate_after.planned_peak_bytes == peak
