@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 from pathlib import Path
 
 import click
@@ -12,10 +14,29 @@ from rich.console import Console
 from onnx_remat.model_io import output_session, write_file
 from onnx_remat.units import parse_dims, parse_int_range
 
-console = Console(highlight=False)
+# Width of output that is not a terminal (a pipe, a file, a CI log), where COLUMNS is not set:
+# wide enough that no table cell or note wraps (rich would draw 80 columns and break scope names
+# mid-word). A terminal gets its own width; COLUMNS, when set, wins everywhere.
+PIPE_WIDTH = 1000
+
+
+def output_width(stream) -> int | None:
+    """The width to draw for ``stream``: None (rich's choice: the terminal's width, or COLUMNS) for a
+    terminal or when COLUMNS is set, else :data:`PIPE_WIDTH`."""
+    if os.environ.get("COLUMNS", "").strip().isdigit():
+        return None
+    try:
+        if stream.isatty():
+            return None
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        pass
+    return PIPE_WIDTH
+
+
+console = Console(highlight=False, width=output_width(sys.stdout))
 # printed under a table with "+N?" in a bytes column
 UNKNOWN_LEGEND = "+N?: N more tensors whose size shape inference could not tell, not counted in the bytes"
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, width=output_width(sys.stderr))
 
 
 class Tolerance(click.ParamType):
