@@ -50,6 +50,8 @@ from google.protobuf.message import DecodeError
 from onnx_remat.errors import RematError, UsageError, one_line
 from onnx_remat.interrupts import critical
 from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.ortsim.validity import ShapeSuspicion
+from onnx_remat.runtime.load_check import onnxruntime_load_error
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -106,6 +108,22 @@ def find_model_file(path: str | os.PathLike) -> tuple[Path, Path | None]:
     return p, (parent if in_artifacts else None)
 
 
+def check_loadable(
+    model: onnx.ModelProto, where: str | os.PathLike = "model", path: str | os.PathLike | None = None
+) -> None:
+    """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 refuses to load ``model``
+    (read from ``path`` when given): the static checks
+    (:func:`~onnx_remat.ortsim.registry.check_runtime_support` with types and shapes), and where
+    they flag a shape only onnxruntime can judge, onnxruntime's own load
+    (:func:`~onnx_remat.runtime.load_check.onnxruntime_load_error`)."""
+    try:
+        check_runtime_support(model, where, shapes=True)
+    except ShapeSuspicion as suspicion:
+        refused = onnxruntime_load_error(path if path is not None else model)
+        if refused is not None:
+            raise RematError(f"{suspicion} (onnxruntime: {refused})") from None
+
+
 def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
     """Read an ONNX model (file or artifacts directory), with its external data.
 
@@ -147,7 +165,7 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise RematError(f"{file}: its external data cannot be read: {one_line(exc)}") from None
     if check:
-        check_runtime_support(model, file)
+        check_loadable(model, file, file)
     return LoadedModel(model=model, path=file, artifacts_dir=artifacts_dir, external_data=external, files=files)
 
 

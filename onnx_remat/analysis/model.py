@@ -19,8 +19,7 @@ from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import ForwardOnlyGraph
 from onnx_remat.graph.bridge import ModelGraph
-from onnx_remat.model_io import LoadedModel, check_dim_names, forward_only_hint, load_model
-from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.model_io import LoadedModel, check_dim_names, check_loadable, forward_only_hint, load_model
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
 
@@ -72,7 +71,7 @@ def analyze_model(
     if source is None:
         assert isinstance(model, onnx.ModelProto)
         proto = model
-        check_runtime_support(proto)
+        check_loadable(proto)
     else:
         proto = source.model
     check_dim_names(proto, dims, str(source.path) if source is not None else "the model")

@@ -11,7 +11,10 @@ SimplifiedLayerNormalization with domain_version of 17"). :func:`check_runtime_s
    (:mod:`onnx_remat.ortsim.ops_table`) and the model's local functions, and that its domain is imported;
 3. everything else ``onnx.checker`` checks (graph structure, topological order, attributes of
    standard ops), on a copy in which onnxruntime's own default-domain nodes are moved to a domain
-   the checker does not know, so that it skips them; the copy holds no tensor data.
+   the checker does not know, so that it skips them; the copy holds no tensor data;
+4. types, shapes and initializer data as onnxruntime's load judges them
+   (:mod:`onnx_remat.ortsim.validity`): strict shape inference with type checks on that copy,
+   and every initializer's data against its dims.
 
 Each failure is a one-line :class:`~onnx_remat.errors.RematError` that names what is wrong.
 """
@@ -24,6 +27,7 @@ import onnx
 
 from onnx_remat.errors import RematError, one_line
 from onnx_remat.ortsim import ops_table as ort_ops
+from onnx_remat.ortsim.validity import check_initializer_data, check_types_and_shapes
 
 MAX_IR_VERSION = 10
 MAX_OPSET = 21
@@ -75,10 +79,13 @@ def _nodes(graph: onnx.GraphProto):
                     stack.extend(attr.graphs)
 
 
-def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "model") -> None:
+def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "model", *, shapes: bool = False) -> None:
     """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 would refuse ``model``.
 
-    ``where`` names the model in the message (a path, or "rewritten model").
+    ``where`` names the model in the message (a path, or "rewritten model"). With ``shapes``
+    (where a model is read: once per command), strict type and shape inference too
+    (:func:`~onnx_remat.ortsim.validity.check_types_and_shapes`), which raises a
+    :class:`~onnx_remat.ortsim.validity.ShapeSuspicion` for what only onnxruntime's load can settle.
     """
     if model.ir_version > MAX_IR_VERSION:
         raise RematError(
@@ -110,10 +117,11 @@ def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "mo
         ]
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         raise RematError(f"{where}: ops onnxruntime 1.19 does not know: {', '.join(shown)}{more}")
-    _check_structure(model, where, opset)
+    check_initializer_data(model, where)
+    _check_structure(model, where, opset, shapes)
 
 
-def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: int | None) -> None:
+def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: int | None, shapes: bool) -> None:
     """``onnx.checker`` on a skeleton of ``model``: no tensor data, onnxruntime-only nodes skipped."""
     skeleton = onnx.ModelProto()
     for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
@@ -148,3 +156,5 @@ def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: in
         onnx.checker.check_model(skeleton)
     except onnx.checker.ValidationError as exc:
         raise RematError(f"{where}: invalid ONNX model: {one_line(exc)}") from None
+    if shapes:
+        check_types_and_shapes(skeleton, where)

@@ -1,0 +1,32 @@
+"""onnxruntime's own verdict on loading a graph: what a static check cannot settle.
+
+:func:`onnx_remat.ortsim.validity.check_types_and_shapes` flags a shape that strict ONNX inference
+rejects (:class:`~onnx_remat.ortsim.validity.ShapeSuspicion`); onnxruntime refuses some such
+graphs at load and runs others. :func:`onnxruntime_load_error` asks onnxruntime, with graph
+optimizations off, as the model's reader would meet it. It runs only for a flagged model, so a
+valid graph never pays for a session here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+
+def onnxruntime_load_error(model: str | os.PathLike | onnx.ModelProto) -> str | None:
+    """The first line of onnxruntime's error when it refuses to load ``model`` (a file, or a model
+    in memory), else None."""
+    import onnxruntime as ort  # only for a flagged model: the import costs a few hundred ms
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(Path(model))
+    try:
+        ort.InferenceSession(source, so, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
+        text = " ".join(str(exc).split())
+        return text[:400] or type(exc).__name__
+    return None

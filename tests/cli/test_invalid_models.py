@@ -1,0 +1,137 @@
+"""Models broken inside, which onnxruntime refuses at load: every command that reads one stops
+with a one-line error and writes nothing (they used to reach an internal error, or an exit-0
+rewrite that onnxruntime refused later). Each mutant is first shown to be refused by onnxruntime
+itself (graph optimizations off): the tool's verdict is checked against the runtime's."""
+
+from __future__ import annotations
+
+import shutil
+
+import onnx
+import pytest
+from conftest import artifacts_dir, assert_one_line_error
+
+from onnx_remat.ortsim.validity import check_initializer_data
+
+
+def _reshape_shape_initializer(model: onnx.ModelProto) -> onnx.TensorProto:
+    inits = {t.name: t for t in model.graph.initializer}
+    node = next(n for n in model.graph.node if n.op_type == "Reshape" and n.input[1] in inits)
+    return inits[node.input[1]]
+
+
+def dims_not_matching_data(model: onnx.ModelProto) -> str:
+    """The first failure class: an initializer's dims no longer match its data (was: internal
+    error 'cannot reshape array of size 4 into shape (1,)')."""
+    t = _reshape_shape_initializer(model)
+    t.dims[:] = [1]
+    return t.name
+
+
+def shape_tensor_reshaped(model: onnx.ModelProto) -> str:
+    """An initializer's dims changed with its data still matching ([4] -> [4, 1]): strict ONNX
+    inference rejects the Reshape (its shape input is no longer 1-D), onnxruntime loads and runs it."""
+    t = _reshape_shape_initializer(model)
+    t.dims[:] = [t.dims[0], 1]
+    return "Reshape"
+
+
+def input_retyped_to_string(model: onnx.ModelProto) -> str:
+    """A graph input retyped to tensor(string) (INVALID_GRAPH ... Type Error at load)."""
+    model.graph.input[0].type.tensor_type.elem_type = onnx.TensorProto.STRING
+    return "string"
+
+
+def attribute_out_of_range(model: onnx.ModelProto) -> str:
+    """An integer attribute beyond what shape inference accepts: a Gather's axis past its rank."""
+    node = next(n for n in model.graph.node if n.op_type == "Gather")
+    next(a for a in node.attribute if a.name == "axis").i = 7
+    return "Gather"
+
+
+MUTATIONS = [dims_not_matching_data, input_retyped_to_string, attribute_out_of_range]
+
+
+def _ort_refuses(path) -> bool:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception:
+        return True
+    return False
+
+
+@pytest.fixture(params=MUTATIONS, ids=lambda f: f.__name__)
+def mutant(request, tmp_path):
+    art = tmp_path / "gpt"
+    shutil.copytree(artifacts_dir("gpt"), art)
+    model = onnx.load(str(art / "training_model.onnx"))
+    named = request.param(model)
+    onnx.save(model, str(art / "training_model.onnx"))
+    assert _ort_refuses(art / "training_model.onnx"), "the mutant must be one onnxruntime refuses"
+    return art, named
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["apply", "--scope", "Block"],
+        ["apply", "--budget", "50%"],
+        ["estimate", "--scope", "Block"],
+        ["schedule"],
+        ["scopes"],
+    ],
+    ids=lambda c: " ".join(c),
+)
+def test_a_model_onnxruntime_refuses_gets_one_line_and_nothing_written(mutant, command, cli, tmp_path):
+    art, named = mutant
+    out = tmp_path / "out"
+    args = [command[0], art, *command[1:]]
+    if command[0] in ("apply", "schedule"):
+        args += ["-o", out]
+    proc = cli(*args)
+    assert_one_line_error(proc, named)
+    assert "internal error" not in proc.stderr
+    assert not out.exists()
+
+
+def test_a_shape_only_strict_inference_rejects_is_judged_by_onnxruntime(cli, tmp_path):
+    """Where strict ONNX inference and onnxruntime disagree, onnxruntime's load decides: a graph it
+    loads is not refused (a static check alone would have refused a valid graph)."""
+    art = tmp_path / "gpt"
+    shutil.copytree(artifacts_dir("gpt"), art)
+    model = onnx.load(str(art / "training_model.onnx"))
+    shape_tensor_reshaped(model)
+    onnx.save(model, str(art / "training_model.onnx"))
+    assert not _ort_refuses(art / "training_model.onnx")
+    proc = cli("estimate", art, "--scope", "Block")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_initializer_data_is_checked_in_every_encoding():
+    raw = onnx.numpy_helper.from_array(__import__("numpy").zeros(3, "float32"), "raw")
+    check_initializer_data(_with(raw))
+    typed = onnx.helper.make_tensor("typed", onnx.TensorProto.INT64, [2], [1, 2])
+    check_initializer_data(_with(typed))
+    for bad, why in [
+        (_redimmed(typed, [3]), "need 3 values of int64, it holds 2"),
+        (_redimmed(raw, [4]), "need 16 bytes of float, it holds 12"),
+        (_redimmed(raw, [10**12]), "need 4,000,000,000,000 bytes"),
+        (_redimmed(raw, [-3]), "negative"),
+    ]:
+        with pytest.raises(Exception, match=why):
+            check_initializer_data(_with(bad))
+
+
+def _redimmed(t: onnx.TensorProto, dims: list[int]) -> onnx.TensorProto:
+    c = onnx.TensorProto()
+    c.CopyFrom(t)
+    c.dims[:] = dims
+    return c
+
+
+def _with(t: onnx.TensorProto) -> onnx.ModelProto:
+    return onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [], initializer=[t]))
