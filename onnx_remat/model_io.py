@@ -49,7 +49,7 @@ from google.protobuf.message import DecodeError
 
 from onnx_remat.errors import RematError, UsageError, one_line
 from onnx_remat.interrupts import critical
-from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.ortsim.registry import check_runtime_support, has_runtime_ops
 from onnx_remat.ortsim.validity import ShapeSuspicion
 from onnx_remat.runtime.load_check import onnxruntime_load_error
 
@@ -113,8 +113,9 @@ def check_loadable(
 ) -> None:
     """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 refuses to load ``model``
     (read from ``path`` when given): the static checks
-    (:func:`~onnx_remat.ortsim.registry.check_runtime_support` with types and shapes), and where
-    they flag a shape only onnxruntime can judge, onnxruntime's own load
+    (:func:`~onnx_remat.ortsim.registry.check_runtime_support` with types and shapes), then, where
+    they flag a shape only onnxruntime can judge or the graph holds onnxruntime's own ops (whose
+    types and attributes only its load checks), onnxruntime's own load with optimizations off
     (:func:`~onnx_remat.runtime.load_check.onnxruntime_load_error`)."""
     try:
         check_runtime_support(model, where, shapes=True)
@@ -122,6 +123,14 @@ def check_loadable(
         refused = onnxruntime_load_error(path if path is not None else model)
         if refused is not None:
             raise RematError(f"{suspicion} (onnxruntime: {refused})") from None
+        return
+    if has_runtime_ops(model):
+        # onnxruntime's own ops (every gradient graph has them) are typed and shape-checked by its
+        # load only; ONNX's inference skips them (measured by benchmarks/mutate.py: a retyped
+        # accumulation buffer, a FusedMatMul attribute out of range got through the static checks).
+        refused = onnxruntime_load_error(path if path is not None else model)
+        if refused is not None:
+            raise RematError(f"{where}: onnxruntime refuses to load it: {refused}")
 
 
 def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:

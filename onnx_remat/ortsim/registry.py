@@ -65,6 +65,31 @@ def op_known(op_type: str, domain: str, imports: dict[str, int], functions: set[
     return op_type in ort_ops.DOMAIN_OPS.get(domain, frozenset())
 
 
+def _check_names(node: onnx.NodeProto, where: str | os.PathLike) -> None:
+    """Names that are not valid UTF-8 reach Python as bytes (protobuf hands them over undecoded):
+    refuse them here, with the node's position, rather than fail on them anywhere later."""
+    names = [node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output]
+    names += [a.name for a in node.attribute]
+    names += [x for p in node.metadata_props for x in (p.key, p.value)]
+    if not all(isinstance(x, str) for x in names):
+        shown = next(x for x in names if not isinstance(x, str))
+        raise RematError(f"{where}: a node's name, op, tensor or doc string is not valid UTF-8 text: {shown[:40]!r}")
+
+
+def has_runtime_ops(model: onnx.ModelProto) -> bool:
+    """True when ``model`` holds ops that ONNX's checker and shape inference cannot judge:
+    onnxruntime's own (its domains, or default-domain ops only it registers). Their types and
+    attributes are checked only by onnxruntime's load (every training graph has them)."""
+    opset = _imports(model).get("")
+    for node in _nodes(model.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        if domain not in ("", *_ONNX_DOMAINS):
+            return True
+        if domain == "" and opset is not None and runtime_only(node.op_type, opset):
+            return True
+    return False
+
+
 def _nodes(graph: onnx.GraphProto):
     """Nodes of ``graph`` and of its subgraphs (iterative)."""
     stack = [graph]
@@ -99,7 +124,15 @@ def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "mo
     functions = {(f.domain, f.name) for f in model.functions}
     unknown: dict[tuple[str, str], str] = {}
     missing_domains: set[str] = set()
+    graph = model.graph
+    texts = [vi.name for vi in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]]
+    texts += [model.doc_string, graph.doc_string, graph.name, model.producer_name]
+    texts += [x for p in model.metadata_props for x in (p.key, p.value)]
+    bad = next((t for t in texts if not isinstance(t, str)), None)
+    if bad is not None:
+        raise RematError(f"{where}: a name or doc string of the graph is not valid UTF-8 text: {bad[:40]!r}")
     for node in _nodes(model.graph):
+        _check_names(node, where)
         domain = "" if node.domain == "ai.onnx" else node.domain
         if (domain, node.op_type) in unknown:
             continue

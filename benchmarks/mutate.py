@@ -1,0 +1,518 @@
+"""A structure-aware mutation fuzzer: valid training graphs changed in one place, every subcommand
+run on each, onnxruntime's own load as the oracle.
+
+    python -m benchmarks.mutate [--mutants N] [--seed S] [--graphs examples|corpus|all] [--out DIR]
+                                [--slow-every K] [--jobs J] [--time-limit SECONDS]
+
+Graphs: the example artifacts (``models/artifacts``) and, with ``--graphs corpus`` or ``all``,
+the corpus (``models/corpus.py``, exported into ``.cache/corpus/bench`` when missing). Each
+*mutant* is one graph with one mutation (:data:`MUTATIONS`: dangling inputs, duplicate producers,
+deleted nodes, self-loops, unknown ops and domains, absurd dims, attributes out of range,
+initializer dims, types and data that don't match, retyped inputs and outputs, a missing graph
+output, opset and IR changes, truncated protobuf bytes, reordered nodes, external data that
+points nowhere or outside the model's folder), written as the ``training_model.onnx`` of a copy
+of the artifacts directory.
+
+The oracle is onnxruntime: an ``InferenceSession`` of the mutant with graph optimizations off.
+Every subcommand then runs on the mutant in this process (click's runner; :data:`FAST` on every
+mutant, :data:`SLOW`, which run training steps, on every ``--slow-every``-th), and a run fails
+when:
+
+* ``traceback`` / ``internal``: it raised past the command's error handling, or printed an
+  internal error;
+* ``accepted``: it exited 0 on a mutant onnxruntime refuses (or wrote a file for one);
+* ``wrote-refused``: it exited 0 and wrote a graph that onnxruntime refuses to load.
+
+A command that refuses a mutant onnxruntime loads is counted (``refused-loadable``), not a
+failure: onnx-remat may be stricter (it refuses graphs it cannot analyse, e.g. a training graph
+without a backward pass). Results: ``DIR/mutants.jsonl`` and a summary printed and returned; the
+exit status is 1 when any run failed. The suite runs a short fixed-seed run (tests/test_mutate.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+FAILURES = ("traceback", "internal", "accepted", "wrote-refused")
+
+
+# -- mutations: each changes the model (or its bytes) in one place and says what it did ---------------
+
+
+def _node(model, rng, pred=lambda n: True):
+    nodes = [n for n in model.graph.node if pred(n)]
+    return rng.choice(nodes) if nodes else None
+
+
+def m_dangling_input(model, rng):
+    n = _node(model, rng, lambda n: any(n.input))
+    k = rng.choice([i for i, x in enumerate(n.input) if x])
+    n.input[k] = "onnx_remat_mutant_nowhere"
+    return f"{n.name} input {k} reads a tensor nothing produces"
+
+
+def m_duplicate_producer(model, rng):
+    a, b = rng.sample(list(model.graph.node), 2)
+    b.output[0] = a.output[0]
+    return f"{b.name} also produces {a.output[0]}"
+
+
+def m_delete_node(model, rng):
+    n = _node(model, rng)
+    model.graph.node.remove(n)
+    return f"deleted {n.name} ({n.op_type})"
+
+
+def m_self_loop(model, rng):
+    n = _node(model, rng, lambda n: any(n.input) and any(n.output))
+    n.input[0] = n.output[0]
+    return f"{n.name} reads its own output"
+
+
+def m_unknown_op(model, rng):
+    n = _node(model, rng)
+    n.op_type = "OnnxRematNoSuchOp"
+    return f"{n.name} is an unknown op"
+
+
+def m_unknown_domain(model, rng):
+    n = _node(model, rng)
+    n.domain = "org.nowhere"
+    return f"{n.name} in an unknown domain"
+
+
+def m_absurd_dim(model, rng):
+    vi = rng.choice(list(model.graph.input))
+    dims = vi.type.tensor_type.shape.dim
+    if not dims:
+        vi.type.tensor_type.shape.dim.add().dim_value = 0
+        return f"{vi.name} given a dim"
+    d = rng.choice(list(dims))
+    value = rng.choice([0, 10**12, -3])
+    d.dim_value = value
+    return f"{vi.name} dim set to {value}"
+
+
+def m_attribute_out_of_range(model, rng):
+    n = _node(model, rng, lambda n: any(a.type == onnx.AttributeProto.INT for a in n.attribute))
+    if n is None:
+        return m_unknown_op(model, rng)
+    a = rng.choice([a for a in n.attribute if a.type == onnx.AttributeProto.INT])
+    a.i = rng.choice([99, -99, 2**40])
+    return f"{n.name} attribute {a.name} = {a.i}"
+
+
+def _init(model, rng):
+    inits = list(model.graph.initializer)
+    return rng.choice(inits) if inits else None
+
+
+def m_initializer_dims(model, rng):
+    t = _init(model, rng)
+    if t is None:
+        return m_absurd_dim(model, rng)
+    t.dims[:] = rng.choice([[1], [0], [3, 5], [10**12], [-1]])
+    return f"initializer {t.name} dims {list(t.dims)}"
+
+
+def m_initializer_type(model, rng):
+    t = _init(model, rng)
+    if t is None:
+        return m_absurd_dim(model, rng)
+    t.data_type = rng.choice([onnx.TensorProto.INT8, onnx.TensorProto.DOUBLE, onnx.TensorProto.STRING, 0, 77])
+    return f"initializer {t.name} type {t.data_type}"
+
+
+def m_initializer_data(model, rng):
+    t = _init(model, rng)
+    if t is None or not t.HasField("raw_data"):
+        return m_initializer_dims(model, rng)
+    t.raw_data = t.raw_data[: len(t.raw_data) // 2] + (b"\x01" if rng.random() < 0.5 else b"")
+    return f"initializer {t.name} raw data cut to {len(t.raw_data)} bytes"
+
+
+def m_retype_input(model, rng):
+    vi = rng.choice(list(model.graph.input))
+    vi.type.tensor_type.elem_type = rng.choice([onnx.TensorProto.STRING, onnx.TensorProto.BOOL, onnx.TensorProto.INT8])
+    return f"input {vi.name} retyped"
+
+
+def m_retype_output(model, rng):
+    vi = rng.choice(list(model.graph.output))
+    vi.type.tensor_type.elem_type = rng.choice([onnx.TensorProto.STRING, onnx.TensorProto.INT64])
+    return f"output {vi.name} retyped"
+
+
+def m_missing_output(model, rng):
+    vi = rng.choice(list(model.graph.output))
+    model.graph.output.remove(vi)
+    return f"output {vi.name} removed"
+
+
+def m_opset(model, rng):
+    op = next(o for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    op.version = rng.choice([1, 7, 9, 23, 99])
+    return f"default opset {op.version}"
+
+
+def m_ir_version(model, rng):
+    model.ir_version = rng.choice([0, 2, 11, 99])
+    return f"IR version {model.ir_version}"
+
+
+def m_reorder_nodes(model, rng):
+    nodes = list(model.graph.node)
+    i, j = sorted(rng.sample(range(len(nodes)), 2))
+    nodes[i], nodes[j] = nodes[j], nodes[i]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    return f"nodes {i} and {j} swapped"
+
+
+def _external(model, rng, location: str) -> str:
+    t = _init(model, rng)
+    if t is None:
+        return m_absurd_dim(model, rng)
+    t.ClearField("raw_data")
+    t.data_location = onnx.TensorProto.EXTERNAL
+    del t.external_data[:]
+    t.external_data.add(key="location", value=location)
+    return f"initializer {t.name} data at {location}"
+
+
+def m_external_nowhere(model, rng):
+    return _external(model, rng, "onnx_remat_mutant_missing.bin")
+
+
+def m_external_outside(model, rng):
+    return _external(model, rng, rng.choice(["../../etc/hostname", "/etc/hostname", "../outside.bin"]))
+
+
+# byte-level mutations: applied to the serialized model
+def b_truncate(data: bytes, rng) -> tuple[bytes, str]:
+    cut = rng.randrange(1, max(2, len(data)))
+    return data[:cut], f"protobuf truncated at byte {cut} of {len(data)}"
+
+
+def b_flip(data: bytes, rng) -> tuple[bytes, str]:
+    i = rng.randrange(len(data))
+    return data[:i] + bytes([data[i] ^ 0xFF]) + data[i + 1 :], f"byte {i} flipped"
+
+
+MUTATIONS: dict[str, Callable] = {
+    "dangling-input": m_dangling_input,
+    "duplicate-producer": m_duplicate_producer,
+    "delete-node": m_delete_node,
+    "self-loop": m_self_loop,
+    "unknown-op": m_unknown_op,
+    "unknown-domain": m_unknown_domain,
+    "absurd-dim": m_absurd_dim,
+    "attribute-out-of-range": m_attribute_out_of_range,
+    "initializer-dims": m_initializer_dims,
+    "initializer-type": m_initializer_type,
+    "initializer-data": m_initializer_data,
+    "retype-input": m_retype_input,
+    "retype-output": m_retype_output,
+    "missing-output": m_missing_output,
+    "opset": m_opset,
+    "ir-version": m_ir_version,
+    "reorder-nodes": m_reorder_nodes,
+    "external-nowhere": m_external_nowhere,
+    "external-outside": m_external_outside,
+}
+BYTE_MUTATIONS = {"truncated-protobuf": b_truncate, "flipped-byte": b_flip}
+
+
+# -- the commands ---------------------------------------------------------------------------------------
+
+
+def fast_commands(scope: str, out: Path) -> dict[str, list[str]]:
+    """Subcommands run on every mutant (``MODEL`` is replaced by the mutant's path)."""
+    return {
+        "scopes": ["scopes", "MODEL"],
+        "estimate": ["estimate", "MODEL", "--scope", scope],
+        "apply": ["apply", "MODEL", "--scope", scope, "-o", str(out / "apply")],
+        "apply-budget": ["apply", "MODEL", "--budget", "50%", "-o", str(out / "budget")],
+        "schedule": ["schedule", "MODEL", "-o", str(out / "schedule")],
+        "plan": ["plan", "MODEL", "--budget", "50%"],
+        "viz": ["viz", "MODEL", "--scope", scope, "-o", str(out / "graph.svg")],
+        "report": ["report", "MODEL", "--scope", scope, "-o", str(out / "report.html")],
+    }
+
+
+def slow_commands(scope: str, original: Path, out: Path) -> dict[str, list[str]]:
+    """Subcommands that run training steps: on every ``--slow-every``-th mutant."""
+    return {
+        "measure": ["measure", "MODEL", "--steps", "1", "--warmup", "1"],
+        "compare": ["compare", str(original), "MODEL", "--steps", "1", "--warmup", "1"],
+        "check": ["check", "MODEL", "--scope", scope, "--baseline", str(out / "baseline.json"), "--update-baseline"],
+    }
+
+
+def ort_refuses(path: Path) -> str | None:
+    """onnxruntime's error loading ``path`` with graph optimizations off, else None (the oracle)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return " ".join(str(exc).split())[:200] or type(exc).__name__
+    return None
+
+
+@dataclass
+class Run:
+    command: str
+    exit: int
+    outcome: str  # ok (a refusal or an exit 0 that holds), refused-loadable, or one of FAILURES
+    message: str = ""
+
+
+@dataclass
+class Mutant:
+    index: int
+    graph: str
+    mutation: str
+    what: str
+    ort_refuses: str | None
+    runs: list[Run] = field(default_factory=list)
+
+
+def _written(path: Path) -> Path | None:
+    if path.is_dir() and (path / "training_model.onnx").exists():
+        return path / "training_model.onnx"
+    return path if path.is_file() and path.suffix == ".onnx" else None
+
+
+def run_command(runner, group, argv: list[str], refused: str | None, out: Path) -> Run:
+    """One subcommand on a mutant in this process; its outcome judged against the oracle."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    result = runner.invoke(group, argv, catch_exceptions=True)
+    text = (result.output or "") + (getattr(result, "stderr", "") or "")
+    name = argv[0]
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        tb = "".join(traceback.format_exception(result.exception))[-600:]
+        return Run(name, -1, "traceback", " ".join(tb.split()))
+    if "internal error" in text or "Traceback" in text:
+        return Run(name, result.exit_code, "internal", " ".join(text.split())[-300:])
+    written = [p for p in out.iterdir()]
+    if result.exit_code == 0:
+        if refused is not None:
+            return Run(name, 0, "accepted", f"exit 0 on a model onnxruntime refuses: {refused[:120]}")
+        for p in written:
+            graph = _written(p)
+            if graph is not None:
+                err = ort_refuses(graph)
+                if err is not None:
+                    return Run(name, 0, "wrote-refused", err)
+        return Run(name, 0, "ok")
+    if refused is not None and any(_written(p) for p in written):
+        return Run(name, result.exit_code, "accepted", "wrote a graph for a model onnxruntime refuses")
+    last = text.strip().splitlines()[-1] if text.strip() else ""
+    return Run(name, result.exit_code, "ok" if refused is not None else "refused-loadable", last[:200])
+
+
+def graphs(which: str) -> dict[str, tuple[Path, str]]:
+    """name -> (artifacts directory, block scope) of the graphs to mutate."""
+    from models import MODELS
+
+    out = {name: (ROOT / "models" / "artifacts" / name, spec.block_scope) for name, spec in MODELS.items()}
+    if which in ("corpus", "all"):
+        from models.corpus import CORPUS
+        from models.export import export_artifacts
+
+        cache = ROOT / ".cache" / "corpus" / "bench"
+        picked = [n for n in CORPUS if n.endswith("_ts")]
+        for name in picked:
+            if not (cache / name / "training_model.onnx").exists():
+                export_artifacts(CORPUS[name], cache)
+            out[name] = (cache / name, CORPUS[name].block_scope)
+        if which == "corpus":
+            out = {k: v for k, v in out.items() if k in picked}
+    return out
+
+
+def make_mutant(src: Path, dest: Path, kind: str, rng: random.Random) -> str:
+    """Copy the artifacts ``src`` into ``dest`` and mutate its training graph by ``kind``."""
+    shutil.copytree(src, dest)
+    path = dest / "training_model.onnx"
+    if kind in BYTE_MUTATIONS:
+        data, what = BYTE_MUTATIONS[kind](path.read_bytes(), rng)
+        path.write_bytes(data)
+        return what
+    model = onnx.load(str(path))
+    what = MUTATIONS[kind](model, rng)
+    path.write_bytes(model.SerializeToString())
+    return what
+
+
+_POOL: dict[str, tuple[Path, str]] = {}
+
+
+def mutant_case(i: int, seed: int, out_dir: str, slow_every: int) -> dict:
+    """Mutant number ``i`` of the run seeded ``seed``: made, judged by onnxruntime, every command
+    run on it; its record (a JSON-ready dict). Deterministic in ``(seed, i)``, whatever the jobs."""
+    from click.testing import CliRunner
+
+    from onnx_remat.cli.main import main as group
+
+    pool = _POOL
+    rng = random.Random(seed * 1_000_003 + i)
+    kinds = [*MUTATIONS, *BYTE_MUTATIONS]
+    name = rng.choice(sorted(pool))
+    src, scope = pool[name]
+    kind = kinds[i % len(kinds)]
+    work = Path(tempfile.mkdtemp(prefix="mutant-", dir=out_dir))
+    try:
+        art = work / name
+        try:
+            what = make_mutant(src, art, kind, random.Random(rng.random()))
+        except Exception as exc:  # a mutation that does not apply to this graph
+            what = f"not applied: {type(exc).__name__}"
+        refused = ort_refuses(art / "training_model.onnx")
+        m = Mutant(i, name, kind, what, refused)
+        outputs = work / "out"
+        commands = fast_commands(scope, outputs)
+        if slow_every and i % slow_every == 0:
+            commands.update(slow_commands(scope, src, outputs))
+        for label, argv in commands.items():
+            argv = [str(art) if a == "MODEL" else a for a in argv]
+            r = run_command(CliRunner(), group, argv, refused, outputs)
+            r.command = label
+            m.runs.append(r)
+        return asdict(m)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _init_worker(pool: dict[str, tuple[Path, str]]) -> None:
+    _POOL.clear()
+    _POOL.update(pool)
+
+
+def run(
+    mutants: int,
+    seed: int,
+    which: str,
+    out_dir: Path,
+    slow_every: int,
+    *,
+    jobs: int = 1,
+    time_limit: float = 0,
+    log=print,
+) -> dict:
+    """The fuzzer loop (``jobs`` processes; stops early, counting what ran, after ``time_limit``
+    seconds when given); returns the summary (also written to ``out_dir/summary.json``)."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    pool = graphs(which)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    counts: Counter = Counter()
+    per_kind: Counter = Counter()
+    per_command: Counter = Counter()
+    refused_by_ort = 0
+    done = 0
+    failures: list[dict] = []
+    start = time.perf_counter()
+
+    def record(m: dict, log_file) -> None:
+        nonlocal refused_by_ort, done
+        done += 1
+        refused_by_ort += m["ort_refuses"] is not None
+        per_kind[m["mutation"]] += 1
+        for r in m["runs"]:
+            counts[r["outcome"]] += 1
+            per_command[r["command"]] += 1
+            if r["outcome"] in FAILURES:
+                failures.append(
+                    {"mutant": m["index"], "graph": m["graph"], "mutation": m["mutation"], "what": m["what"], **r}
+                )
+        log_file.write(json.dumps(m) + "\n")
+        if done % 100 == 0:
+            log(f"[{done}/{mutants} mutants, {time.perf_counter() - start:.0f} s] {dict(counts)}")
+
+    with (out_dir / "mutants.jsonl").open("w") as log_file:
+        if jobs <= 1:
+            _init_worker(pool)
+            for i in range(mutants):
+                if time_limit and time.perf_counter() - start > time_limit:
+                    break
+                record(mutant_case(i, seed, str(out_dir), slow_every), log_file)
+        else:
+            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool,)) as ex:
+                pending = set()
+                nxt = 0
+                while nxt < mutants or pending:
+                    while (
+                        nxt < mutants
+                        and len(pending) < 2 * jobs
+                        and not (time_limit and time.perf_counter() - start > time_limit)
+                    ):
+                        pending.add(ex.submit(mutant_case, nxt, seed, str(out_dir), slow_every))
+                        nxt += 1
+                    if not pending:
+                        break
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    for f in finished:
+                        record(f.result(), log_file)
+    summary = {
+        "mutants": done,
+        "seed": seed,
+        "graphs": sorted(pool),
+        "seconds": round(time.perf_counter() - start, 1),
+        "refused_by_onnxruntime": refused_by_ort,
+        "runs": dict(counts),
+        "per_mutation": dict(per_kind),
+        "per_command": dict(per_command),
+        "failures": failures[:50],
+        "failed": sum(counts[f] for f in FAILURES),
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.mutate", description=__doc__.split("\n")[0])
+    parser.add_argument("--mutants", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--graphs", choices=["examples", "corpus", "all"], default="examples")
+    parser.add_argument("--slow-every", type=int, default=20, help="run measure/compare/check on every K-th mutant")
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "onnx-remat-mutate")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument("--time-limit", type=float, default=0, help="stop starting mutants after this many seconds")
+    args = parser.parse_args(argv)
+    summary = run(
+        args.mutants, args.seed, args.graphs, args.out, args.slow_every, jobs=args.jobs, time_limit=args.time_limit
+    )
+    print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=1))
+    for f in summary["failures"][:20]:
+        print(
+            f"FAIL {f['outcome']}: mutant {f['mutant']} {f['graph']} {f['mutation']} ({f['what']}), "
+            f"{f['command']}: {f['message'][:200]}"
+        )
+    return 1 if summary["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
