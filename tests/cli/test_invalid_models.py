@@ -49,7 +49,38 @@ def attribute_out_of_range(model: onnx.ModelProto) -> str:
     return "Gather"
 
 
-MUTATIONS = [dims_not_matching_data, input_retyped_to_string, attribute_out_of_range]
+def accumulation_buffer_retyped(model: onnx.ModelProto) -> str:
+    """Found by the mutation fuzzer: an input only onnxruntime's own op reads (a gradient
+    accumulation buffer, read by InPlaceAccumulatorV2) retyped; ONNX's inference skips that op."""
+    readers = {i for n in model.graph.node if n.op_type == "InPlaceAccumulatorV2" for i in n.input}
+    vi = next(v for v in model.graph.input if v.name in readers)
+    vi.type.tensor_type.elem_type = onnx.TensorProto.INT8
+    return "onnxruntime refuses to load it"
+
+
+def runtime_op_attribute_out_of_range(model: onnx.ModelProto) -> str:
+    """Found by the mutation fuzzer: an attribute of onnxruntime's own FusedMatMul out of range."""
+    node = next(n for n in model.graph.node if n.op_type == "FusedMatMul")
+    next(a for a in node.attribute if a.name == "transBatchB").i = 99
+    return "onnxruntime refuses to load it"
+
+
+def doc_string_not_utf8(model: onnx.ModelProto) -> str:
+    """Found by the mutation fuzzer (a flipped byte): a node's doc string that is not UTF-8 reached
+    the rewrite's model writer (internal error: UnicodeDecodeError)."""
+    return "not valid UTF-8"
+
+
+MUTATIONS = [
+    dims_not_matching_data,
+    input_retyped_to_string,
+    attribute_out_of_range,
+    accumulation_buffer_retyped,
+    runtime_op_attribute_out_of_range,
+    doc_string_not_utf8,
+]
+# the example graph each mutation is made on (FusedMatMul: blocks10's batched matmul gradients)
+GRAPH = {runtime_op_attribute_out_of_range: "blocks10", doc_string_not_utf8: "blocks10"}
 
 
 def _ort_refuses(path) -> bool:
@@ -66,12 +97,20 @@ def _ort_refuses(path) -> bool:
 
 @pytest.fixture(params=MUTATIONS, ids=lambda f: f.__name__)
 def mutant(request, tmp_path):
-    art = tmp_path / "gpt"
-    shutil.copytree(artifacts_dir("gpt"), art)
-    model = onnx.load(str(art / "training_model.onnx"))
+    name = GRAPH.get(request.param, "gpt")
+    art = tmp_path / name
+    shutil.copytree(artifacts_dir(name), art)
+    path = art / "training_model.onnx"
+    model = onnx.load(str(path))
     named = request.param(model)
-    onnx.save(model, str(art / "training_model.onnx"))
-    assert _ort_refuses(art / "training_model.onnx"), "the mutant must be one onnxruntime refuses"
+    data = model.SerializeToString()
+    if request.param is doc_string_not_utf8:
+        # protobuf will not write a str that is not UTF-8: change the bytes, as the fuzzer did
+        doc = next(n.doc_string for n in model.graph.node if n.doc_string).encode()
+        data = data.replace(doc, b"\x88" + doc[1:], 1)
+    path.write_bytes(data)
+    if request.param is not doc_string_not_utf8:  # onnxruntime loads that one: names are opaque to it
+        assert _ort_refuses(path), "the mutant must be one onnxruntime refuses"
     return art, named
 
 
