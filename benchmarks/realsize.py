@@ -357,7 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         "models": [],
     }
     if args.append and args.out.with_suffix(".json").exists():
-        data["models"] = json.loads(args.out.with_suffix(".json").read_text())["models"]
+        before = json.loads(args.out.with_suffix(".json").read_text())
+        data["models"] = before["models"]
+        data["command"] = f"{before['command']}, then {data['command']}"
     for name in names:
         data["models"] = [m for m in data["models"] if m["model"] != name]
         data["models"].append(
