@@ -19,7 +19,8 @@
 ``compile:B``
     ``torch.compile(module)`` (inductor) with ``torch._functorch.config.activation_memory_budget
     = B`` (1.0: the default partitioner's choice; lower: the min-cut partitioner recomputes more
-    to fit B times the activations it would save).
+    to fit B times the activations it would save), random ops kept saved (:func:`configure_compile`:
+    without it, torch 2.13 draws new dropout masks in the backward pass below 1.0).
 
 Measured, as onnxruntime's side is (:mod:`onnx_remat.runtime.measure`), with the gradient buffers
 existing and zeroed before each step and the module in training mode (dropout on):
@@ -96,6 +97,42 @@ def wrap_blocks(blocks, config: str) -> None:
         block.forward = wrapped(block.forward)
 
 
+def configure_compile(budget: float) -> str:
+    """Set ``activation_memory_budget`` and keep random ops out of the partitioner's recomputation;
+    returns the note recorded in the row.
+
+    Why (pytorch#190758, open against torch 2.13): below a budget of 1 the min-cut partitioner's
+    knapsack may recompute the random ops it had banned, and the backward pass then draws new
+    dropout masks (measured on ``gpt``, dropout 0.1: gradients 0.046 off at budget 0.5, against a
+    largest gradient of 0.064). The fix, in this one place: a joint-graph pass
+    (``torch._inductor.config.joint_custom_post_pass``, run just before partitioning) marks every
+    node whose op is tagged ``nondeterministic_seeded`` as ``MUST_SAVE``. With inductor's random
+    numbers that node is ``prims.inductor_seeds`` (a few bytes), so masks may still be recomputed,
+    from the saved seeds, identically. At budget 0 the partitioner skips that step: refused.
+    """
+    import torch
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if not 0 < budget <= 1:
+        raise ValueError(f"activation_memory_budget {budget}: only 0 < B <= 1 keeps dropout correct (pytorch#190758)")
+
+    class SaveRandomOps(CustomGraphPass):
+        def __call__(self, graph) -> None:
+            for node in graph.nodes:
+                if node.op == "call_function" and torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+                    node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+        def uuid(self):  # lets inductor's graph cache key on this pass
+            return "onnx-remat-save-random-ops-v1"
+
+    functorch_config.activation_memory_budget = budget
+    inductor_config.joint_custom_post_pass = SaveRandomOps()
+    return "random ops saved, never recomputed (pytorch#190758 workaround)"
+
+
 def run(name: str, config: str, *, steps: int, warmup: int, threads: int = 2, seed: int = 0) -> dict:
     """Measure ``config`` of model ``name`` in this process (see the module docstring)."""
     import torch
@@ -104,6 +141,7 @@ def run(name: str, config: str, *, steps: int, warmup: int, threads: int = 2, se
 
     torch.set_num_threads(threads)
     spec = find_spec(name)
+    note = None
     reset_peak_rss()
     baseline = proc_status("VmRSS")
     module = spec.build()
@@ -113,10 +151,8 @@ def run(name: str, config: str, *, steps: int, warmup: int, threads: int = 2, se
         wrap_blocks(spec.blocks(module), config)
     forward = module
     if config.startswith("compile:"):
-        import torch._functorch.config as functorch_config
-
         budget = float(config.split(":", 1)[1])
-        functorch_config.activation_memory_budget = budget
+        note = configure_compile(budget)
         forward = torch.compile(module)
     elif config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}")
@@ -162,6 +198,7 @@ def run(name: str, config: str, *, steps: int, warmup: int, threads: int = 2, se
         "live_peak_bytes": peak.bytes,
         "absolute_peak_bytes": None if absolute is None or baseline is None else absolute - baseline,
         "losses": losses,
+        "note": note,
         "torch": torch.__version__,
     }
 
