@@ -174,3 +174,42 @@ def _redimmed(t: onnx.TensorProto, dims: list[int]) -> onnx.TensorProto:
 
 def _with(t: onnx.TensorProto) -> onnx.ModelProto:
     return onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [], initializer=[t]))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["apply", "--scope", "FCBlock", "-o", "OUT"],
+        ["apply", "--budget", "50%", "-o", "OUT"],
+        ["estimate", "--scope", "FCBlock"],
+        ["schedule", "-o", "OUT"],
+        ["plan", "--budget", "50%"],
+        ["report", "--scope", "FCBlock", "-o", "OUT.html"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_validity_is_judged_once_per_command(command, monkeypatch, tmp_path):
+    """The whole-graph checks (strict inference, onnxruntime's load) cost seconds on a large graph:
+    a command makes them once, on the model it reads, not again on what it derives."""
+    from click.testing import CliRunner
+
+    import onnx_remat.model_io as model_io
+    import onnx_remat.ortsim.registry as registry
+    from onnx_remat.cli.main import main
+
+    calls = {"inference": 0, "onnxruntime": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(registry, "check_types_and_shapes", counted("inference", registry.check_types_and_shapes))
+    monkeypatch.setattr(model_io, "onnxruntime_load_error", counted("onnxruntime", model_io.onnxruntime_load_error))
+    out = str(tmp_path / "out")
+    args = [command[0], str(artifacts_dir("fc5")), *(a.replace("OUT", out) for a in command[1:])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert calls == {"inference": 1, "onnxruntime": 1}  # fc5's gradients are onnxruntime's own ops
