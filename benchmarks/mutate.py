@@ -26,7 +26,8 @@ mutant onnxruntime refuses every command runs: that is where an exit 0 would be 
 * ``traceback`` / ``internal``: it raised past the command's error handling, or printed an
   internal error;
 * ``accepted``: it exited 0 on a mutant onnxruntime refuses (or wrote a file for one);
-* ``wrote-refused``: it exited 0 and wrote a graph that onnxruntime refuses to load.
+* ``wrote-refused``: it exited 0 and wrote a graph that onnxruntime refuses to load;
+* ``memory``: it ran out of memory (each fuzzer process has :data:`WORKER_MEMORY` of address space).
 
 A command that refuses a mutant onnxruntime loads is counted (``refused-loadable``), not a
 failure: onnx-remat may be stricter (it refuses graphs it cannot analyse, e.g. a training graph
@@ -55,7 +56,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-FAILURES = ("traceback", "internal", "accepted", "wrote-refused")
+FAILURES = ("traceback", "internal", "accepted", "wrote-refused", "memory")
+# Address space of one fuzzer process (and the onnxruntime workers it starts): a command that runs
+# out of memory on these small graphs is a bug (the "memory" failure), and without a limit one such
+# mutant took the whole run with it.
+WORKER_MEMORY = 16 * 2**30
 
 
 # -- mutations: each changes the model (or its bytes) in one place and says what it did ---------------
@@ -388,6 +393,8 @@ def run_command(runner, group, argv: list[str], refused: str | None, out: Path) 
         return Run(name, -1, "traceback", " ".join(tb.split()))
     if "internal error" in text or "Traceback" in text:
         return Run(name, result.exit_code, "internal", " ".join(text.split())[-300:])
+    if "out of memory" in text:
+        return Run(name, result.exit_code, "memory", " ".join(text.split())[-300:])
     written = [p for p in out.iterdir()]
     if result.exit_code == 0:
         if refused is not None:
@@ -497,7 +504,13 @@ def mutant_case(i: int, seed: int, out_dir: str, slow_every: int, heavy_every: i
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _init_worker(pool: dict[str, tuple[Path, str]]) -> None:
+def _init_worker(pool: dict[str, tuple[Path, str]], limit_memory: bool = False) -> None:
+    if limit_memory:  # a pool worker only: never the caller's process (a test suite's)
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY or hard > WORKER_MEMORY:
+            resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, hard))
     _POOL.clear()
     _POOL.update(pool)
 
@@ -560,7 +573,7 @@ def run(
                     break
                 record(mutant_case(i, seed, str(out_dir), slow_every, heavy_every), log_file)
         else:
-            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool,)) as ex:
+            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool, True)) as ex:
                 pending = set()
                 nxt = 0
                 while nxt < mutants or pending:
@@ -617,11 +630,13 @@ def write_results(summary: dict, command: str, md: Path) -> None:
         + ", ".join(f"{runs.get(f, 0)} {f}" for f in FAILURES)
         + f"; {runs.get('ok', 0):,} ok (a one-line refusal of a refused mutant, or an exit 0 that holds); "
         f"{runs.get('refused-loadable', 0):,} refusals of a mutant onnxruntime loads (onnx-remat is stricter "
-        "there: a graph it cannot analyse, a node list not in order, a budget below the lowest peak).",
+        "there: a graph it cannot analyse, a node list not in order, a declared tensor larger than any device, "
+        "a budget below the lowest peak).",
         "",
         "Failure classes: `traceback` (raised past the command's error handling), `internal` (printed an internal",
         "error), `accepted` (exit 0, or any file written, for a mutant onnxruntime refuses), `wrote-refused` (exit 0",
-        "and a written graph onnxruntime refuses to load).",
+        "and a written graph onnxruntime refuses to load), `memory` (ran out of memory; each worker has",
+        f"{WORKER_MEMORY // 2**30} GiB of address space).",
         "",
         "| mutation | mutants | refused by onnxruntime |",
         "|---|---:|---:|",
