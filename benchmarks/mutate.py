@@ -1,27 +1,33 @@
 """A structure-aware mutation fuzzer: valid training graphs changed in one place, every subcommand
 run on each, onnxruntime's own load as the oracle.
 
-    python -m benchmarks.mutate [--mutants N] [--seed S] [--graphs examples|corpus|all] [--out DIR]
-                                [--slow-every K] [--jobs J] [--time-limit SECONDS]
+    python -m benchmarks.mutate [--mutants N] [--seed S] [--graphs examples|corpus|all|small|A,B] [--out DIR]
+                                [--slow-every K] [--heavy-every K] [--jobs J] [--time-limit SECONDS]
+                                [--results FILE.md]
 
-Graphs: the example artifacts (``models/artifacts``) and, with ``--graphs corpus`` or ``all``,
-the corpus (``models/corpus.py``, exported into ``.cache/corpus/bench`` when missing). Each
+Graphs: the example artifacts (``models/artifacts``) and, with ``--graphs corpus``, ``all``,
+``small`` or names, the corpus (``models/corpus.py``, exported into ``.cache/corpus/bench`` when
+missing). Each
 *mutant* is one graph with one mutation (:data:`MUTATIONS`: dangling inputs, duplicate producers,
 deleted nodes, self-loops, unknown ops and domains, absurd dims, attributes out of range,
 initializer dims, types and data that don't match, retyped inputs and outputs, a missing graph
-output, opset and IR changes, truncated protobuf bytes, reordered nodes, external data that
+output, opset and IR changes, truncated protobuf bytes, a flipped byte, protobuf fields written in
+another order, reordered nodes, external data that
 points nowhere or outside the model's folder), written as the ``training_model.onnx`` of a copy
 of the artifacts directory.
 
 The oracle is onnxruntime: an ``InferenceSession`` of the mutant with graph optimizations off.
-Every subcommand then runs on the mutant in this process (click's runner; :data:`FAST` on every
-mutant, :data:`SLOW`, which run training steps, on every ``--slow-every``-th), and a run fails
-when:
+Every subcommand then runs on the mutant in this process (click's runner): :func:`fast_commands`
+on every mutant, except that on a mutant onnxruntime loads, where a command does its whole work
+(seconds, not milliseconds), the :data:`HEAVY` ones run on every ``--heavy-every``-th only (on a
+mutant onnxruntime refuses every command runs: that is where an exit 0 would be wrong);
+:func:`slow_commands`, which run training steps, on every ``--slow-every``-th. A run fails when:
 
 * ``traceback`` / ``internal``: it raised past the command's error handling, or printed an
   internal error;
 * ``accepted``: it exited 0 on a mutant onnxruntime refuses (or wrote a file for one);
-* ``wrote-refused``: it exited 0 and wrote a graph that onnxruntime refuses to load.
+* ``wrote-refused``: it exited 0 and wrote a graph that onnxruntime refuses to load;
+* ``memory``: it ran out of memory (each fuzzer process has :data:`WORKER_MEMORY` of address space).
 
 A command that refuses a mutant onnxruntime loads is counted (``refused-loadable``), not a
 failure: onnx-remat may be stricter (it refuses graphs it cannot analyse, e.g. a training graph
@@ -50,7 +56,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-FAILURES = ("traceback", "internal", "accepted", "wrote-refused")
+FAILURES = ("traceback", "internal", "accepted", "wrote-refused", "memory")
+# Address space of one fuzzer process (and the onnxruntime workers it starts): a command that runs
+# out of memory on these small graphs is a bug (the "memory" failure), and without a limit one such
+# mutant took the whole run with it.
+WORKER_MEMORY = 16 * 2**30
 
 
 # -- mutations: each changes the model (or its bytes) in one place and says what it did ---------------
@@ -237,7 +247,69 @@ MUTATIONS: dict[str, Callable] = {
     "external-nowhere": m_external_nowhere,
     "external-outside": m_external_outside,
 }
-BYTE_MUTATIONS = {"truncated-protobuf": b_truncate, "flipped-byte": b_flip}
+
+
+def _fields(data: bytes) -> list[tuple[int, bytes, bytes]]:
+    """The wire-format fields of one protobuf message: (field number, tag bytes, payload bytes)."""
+
+    def varint(i: int) -> tuple[int, int]:
+        value = shift = 0
+        while True:
+            b = data[i]
+            value |= (b & 0x7F) << shift
+            i, shift = i + 1, shift + 7
+            if not b & 0x80:
+                return value, i
+
+    out, i = [], 0
+    while i < len(data):
+        key, j = varint(i)
+        wire = key & 7
+        if wire == 0:
+            _, end = varint(j)
+        elif wire == 2:
+            length, k = varint(j)
+            j, end = k, k + length
+        else:  # fixed 64 (1) or 32 (5) bits; ONNX has no groups
+            end = j + (8 if wire == 1 else 4)
+        out.append((key >> 3, data[i:j], data[j:end]))
+        i = end
+    return out
+
+
+def _shuffled(fields: list[tuple[int, bytes, bytes]], rng) -> list[tuple[int, bytes, bytes]]:
+    # Fields of different numbers change places; a repeated field's elements keep their order
+    # (the order of nodes, inputs and initializers is the graph's meaning, not its encoding).
+    groups: dict[int, list] = {}
+    for f in fields:
+        groups.setdefault(f[0], []).append(f)
+    order = list(groups)
+    rng.shuffle(order)
+    return [f for number in order for f in groups[number]]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((n & 0x7F) | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return bytes(out)
+
+
+def b_reorder_fields(data: bytes, rng) -> tuple[bytes, str]:
+    """The model's and its graph's protobuf fields written in another order: the same model to
+    every protobuf reader (onnxruntime loads it), so a command must treat it as the original."""
+    top = []
+    for number, tag, payload in _shuffled(_fields(data), rng):
+        if number == 7:  # ModelProto.graph
+            payload = b"".join(t + p for _, t, p in _shuffled(_fields(payload), rng))
+            tag = tag[:1] + _varint(len(payload))
+        top.append(tag + payload)
+    return b"".join(top), "model and graph protobuf fields reordered"
+
+
+BYTE_MUTATIONS = {"truncated-protobuf": b_truncate, "flipped-byte": b_flip, "reordered-fields": b_reorder_fields}
 
 
 # -- the commands ---------------------------------------------------------------------------------------
@@ -255,6 +327,10 @@ def fast_commands(scope: str, out: Path) -> dict[str, list[str]]:
         "viz": ["viz", "MODEL", "--scope", scope, "-o", str(out / "graph.svg")],
         "report": ["report", "MODEL", "--scope", scope, "-o", str(out / "report.html")],
     }
+
+
+# the fast commands whose whole work on a loadable mutant is the budget planner or a picture
+HEAVY = ("apply-budget", "plan", "viz", "report")
 
 
 def slow_commands(scope: str, original: Path, out: Path) -> dict[str, list[str]]:
@@ -286,6 +362,7 @@ class Run:
     exit: int
     outcome: str  # ok (a refusal or an exit 0 that holds), refused-loadable, or one of FAILURES
     message: str = ""
+    seconds: float = 0.0
 
 
 @dataclass
@@ -316,6 +393,8 @@ def run_command(runner, group, argv: list[str], refused: str | None, out: Path) 
         return Run(name, -1, "traceback", " ".join(tb.split()))
     if "internal error" in text or "Traceback" in text:
         return Run(name, result.exit_code, "internal", " ".join(text.split())[-300:])
+    if "out of memory" in text:
+        return Run(name, result.exit_code, "memory", " ".join(text.split())[-300:])
     written = [p for p in out.iterdir()]
     if result.exit_code == 0:
         if refused is not None:
@@ -327,29 +406,44 @@ def run_command(runner, group, argv: list[str], refused: str | None, out: Path) 
                 if err is not None:
                     return Run(name, 0, "wrote-refused", err)
         return Run(name, 0, "ok")
-    if refused is not None and any(_written(p) for p in written):
-        return Run(name, result.exit_code, "accepted", "wrote a graph for a model onnxruntime refuses")
+    if refused is not None and written:
+        # nothing at all, not only a graph: a report or picture of a refused model is an exit-0 in disguise
+        return Run(name, result.exit_code, "accepted", f"wrote {written[0].name} for a model onnxruntime refuses")
     last = text.strip().splitlines()[-1] if text.strip() else ""
     return Run(name, result.exit_code, "ok" if refused is not None else "refused-loadable", last[:200])
 
 
+# The long run's graphs: the smallest of the examples and the corpus (a loadable mutant costs every
+# command its whole work: 2-5 s here, 20-30 s for GPT or BART), six architectures, both exporters.
+SMALL = ("fc5", "blocks10", "blocks10_dynamo", "resnet", "mlp_ts", "mlp_dynamo", "resnet_ts", "convnext_ts", "vit_ts")
+
+
 def graphs(which: str) -> dict[str, tuple[Path, str]]:
-    """name -> (artifacts directory, block scope) of the graphs to mutate."""
+    """name -> (artifacts directory, block scope) of the graphs to mutate: ``examples``, ``corpus``
+    (its TorchScript exports), ``all``, ``small`` (:data:`SMALL`) or names separated by commas."""
     from models import MODELS
+    from models.corpus import CORPUS
 
-    out = {name: (ROOT / "models" / "artifacts" / name, spec.block_scope) for name, spec in MODELS.items()}
-    if which in ("corpus", "all"):
-        from models.corpus import CORPUS
-        from models.export import export_artifacts
+    examples = {name: (ROOT / "models" / "artifacts" / name, spec.block_scope) for name, spec in MODELS.items()}
+    names = {
+        "examples": list(examples),
+        "corpus": [n for n in CORPUS if n.endswith("_ts")],
+        "all": [*examples, *(n for n in CORPUS if n.endswith("_ts"))],
+        "small": list(SMALL),
+    }.get(which) or which.split(",")
+    out = {}
+    for name in names:
+        if name in examples:
+            out[name] = examples[name]
+        elif name in CORPUS:
+            from models.export import export_artifacts
 
-        cache = ROOT / ".cache" / "corpus" / "bench"
-        picked = [n for n in CORPUS if n.endswith("_ts")]
-        for name in picked:
+            cache = ROOT / ".cache" / "corpus" / "bench"
             if not (cache / name / "training_model.onnx").exists():
                 export_artifacts(CORPUS[name], cache)
             out[name] = (cache / name, CORPUS[name].block_scope)
-        if which == "corpus":
-            out = {k: v for k, v in out.items() if k in picked}
+        else:
+            raise SystemExit(f"--graphs: no example or corpus graph named {name!r}")
     return out
 
 
@@ -370,7 +464,7 @@ def make_mutant(src: Path, dest: Path, kind: str, rng: random.Random) -> str:
 _POOL: dict[str, tuple[Path, str]] = {}
 
 
-def mutant_case(i: int, seed: int, out_dir: str, slow_every: int) -> dict:
+def mutant_case(i: int, seed: int, out_dir: str, slow_every: int, heavy_every: int = 1) -> dict:
     """Mutant number ``i`` of the run seeded ``seed``: made, judged by onnxruntime, every command
     run on it; its record (a JSON-ready dict). Deterministic in ``(seed, i)``, whatever the jobs."""
     from click.testing import CliRunner
@@ -394,19 +488,29 @@ def mutant_case(i: int, seed: int, out_dir: str, slow_every: int) -> dict:
         m = Mutant(i, name, kind, what, refused)
         outputs = work / "out"
         commands = fast_commands(scope, outputs)
+        if refused is None and heavy_every > 1 and i % heavy_every:
+            commands = {k: v for k, v in commands.items() if k not in HEAVY}
         if slow_every and i % slow_every == 0:
             commands.update(slow_commands(scope, src, outputs))
         for label, argv in commands.items():
             argv = [str(art) if a == "MODEL" else a for a in argv]
+            started = time.perf_counter()
             r = run_command(CliRunner(), group, argv, refused, outputs)
             r.command = label
+            r.seconds = round(time.perf_counter() - started, 3)
             m.runs.append(r)
         return asdict(m)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _init_worker(pool: dict[str, tuple[Path, str]]) -> None:
+def _init_worker(pool: dict[str, tuple[Path, str]], limit_memory: bool = False) -> None:
+    if limit_memory:  # a pool worker only: never the caller's process (a test suite's)
+        import resource
+
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard == resource.RLIM_INFINITY or hard > WORKER_MEMORY:
+            resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY, hard))
     _POOL.clear()
     _POOL.update(pool)
 
@@ -418,6 +522,7 @@ def run(
     out_dir: Path,
     slow_every: int,
     *,
+    heavy_every: int = 1,
     jobs: int = 1,
     time_limit: float = 0,
     log=print,
@@ -430,7 +535,11 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     counts: Counter = Counter()
     per_kind: Counter = Counter()
+    kind_refused: Counter = Counter()
     per_command: Counter = Counter()
+    command_seconds: Counter = Counter()
+    per_graph: Counter = Counter()
+    exit0: Counter = Counter()
     refused_by_ort = 0
     done = 0
     failures: list[dict] = []
@@ -441,9 +550,13 @@ def run(
         done += 1
         refused_by_ort += m["ort_refuses"] is not None
         per_kind[m["mutation"]] += 1
+        kind_refused[m["mutation"]] += m["ort_refuses"] is not None
+        per_graph[m["graph"]] += 1
         for r in m["runs"]:
             counts[r["outcome"]] += 1
             per_command[r["command"]] += 1
+            command_seconds[r["command"]] += r["seconds"]
+            exit0[r["command"]] += r["exit"] == 0
             if r["outcome"] in FAILURES:
                 failures.append(
                     {"mutant": m["index"], "graph": m["graph"], "mutation": m["mutation"], "what": m["what"], **r}
@@ -458,9 +571,9 @@ def run(
             for i in range(mutants):
                 if time_limit and time.perf_counter() - start > time_limit:
                     break
-                record(mutant_case(i, seed, str(out_dir), slow_every), log_file)
+                record(mutant_case(i, seed, str(out_dir), slow_every, heavy_every), log_file)
         else:
-            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool,)) as ex:
+            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool, True)) as ex:
                 pending = set()
                 nxt = 0
                 while nxt < mutants or pending:
@@ -469,7 +582,7 @@ def run(
                         and len(pending) < 2 * jobs
                         and not (time_limit and time.perf_counter() - start > time_limit)
                     ):
-                        pending.add(ex.submit(mutant_case, nxt, seed, str(out_dir), slow_every))
+                        pending.add(ex.submit(mutant_case, nxt, seed, str(out_dir), slow_every, heavy_every))
                         nxt += 1
                     if not pending:
                         break
@@ -479,12 +592,18 @@ def run(
     summary = {
         "mutants": done,
         "seed": seed,
+        "slow_every": slow_every,
+        "heavy_every": heavy_every,
         "graphs": sorted(pool),
         "seconds": round(time.perf_counter() - start, 1),
         "refused_by_onnxruntime": refused_by_ort,
         "runs": dict(counts),
         "per_mutation": dict(per_kind),
+        "per_mutation_refused_by_onnxruntime": dict(kind_refused),
         "per_command": dict(per_command),
+        "per_command_exit0": dict(exit0),
+        "per_command_seconds": {k: round(v, 1) for k, v in command_seconds.items()},
+        "per_graph": dict(per_graph),
         "failures": failures[:50],
         "failed": sum(counts[f] for f in FAILURES),
     }
@@ -492,19 +611,74 @@ def run(
     return summary
 
 
+def write_results(summary: dict, command: str, md: Path) -> None:
+    """The run written down: ``md`` (a table per mutation kind and per subcommand) and the summary
+    beside it as JSON, with the command that repeats it."""
+    summary = {"command": command, **summary}
+    md.with_suffix(".json").write_text(json.dumps(summary, indent=1) + "\n")
+    runs = summary["runs"]
+    lines = [
+        "# Mutation fuzzer: the long run",
+        "",
+        f"`{command}`",
+        "",
+        f"{summary['mutants']:,} mutants of {len(summary['graphs'])} graphs ({', '.join(summary['graphs'])}), "
+        f"seed {summary['seed']}, {summary['seconds']:,.0f} s; onnxruntime 1.19.2 (graph optimizations off) "
+        f"refuses {summary['refused_by_onnxruntime']:,} of them.",
+        "",
+        f"{sum(runs.values()):,} command runs: **{summary['failed']} failures** "
+        + ", ".join(f"{runs.get(f, 0)} {f}" for f in FAILURES)
+        + f"; {runs.get('ok', 0):,} ok (a one-line refusal of a refused mutant, or an exit 0 that holds); "
+        f"{runs.get('refused-loadable', 0):,} refusals of a mutant onnxruntime loads (onnx-remat is stricter "
+        "there: a graph it cannot analyse, a node list not in order, a declared tensor larger than any device, "
+        "a budget below the lowest peak).",
+        "",
+        "Failure classes: `traceback` (raised past the command's error handling), `internal` (printed an internal",
+        "error), `accepted` (exit 0, or any file written, for a mutant onnxruntime refuses), `wrote-refused` (exit 0",
+        "and a written graph onnxruntime refuses to load), `memory` (ran out of memory; each worker has",
+        f"{WORKER_MEMORY // 2**30} GiB of address space).",
+        "",
+        "| mutation | mutants | refused by onnxruntime |",
+        "|---|---:|---:|",
+    ]
+    refused = summary["per_mutation_refused_by_onnxruntime"]
+    lines += [f"| {k} | {n:,} | {refused.get(k, 0):,} |" for k, n in sorted(summary["per_mutation"].items())]
+    lines += ["", "| subcommand | runs | exit 0 | seconds |", "|---|---:|---:|---:|"]
+    exit0, secs = summary["per_command_exit0"], summary["per_command_seconds"]
+    lines += [
+        f"| {k} | {n:,} | {exit0.get(k, 0):,} | {secs.get(k, 0):,.0f} |" for k, n in summary["per_command"].items()
+    ]
+    lines += ["", "| graph | mutants |", "|---|---:|"]
+    lines += [f"| {k} | {n:,} |" for k, n in sorted(summary["per_graph"].items())]
+    md.write_text("\n".join(lines) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.mutate", description=__doc__.split("\n")[0])
     parser.add_argument("--mutants", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--graphs", choices=["examples", "corpus", "all"], default="examples")
+    parser.add_argument("--graphs", default="examples", help="examples, corpus, all, small, or names with commas")
     parser.add_argument("--slow-every", type=int, default=20, help="run measure/compare/check on every K-th mutant")
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "onnx-remat-mutate")
+    parser.add_argument(
+        "--heavy-every", type=int, default=1, help="on mutants onnxruntime loads, run the HEAVY commands on every K-th"
+    )
     parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--time-limit", type=float, default=0, help="stop starting mutants after this many seconds")
+    parser.add_argument("--results", type=Path, help="write the run down here (a .md file, and .json beside it)")
     args = parser.parse_args(argv)
     summary = run(
-        args.mutants, args.seed, args.graphs, args.out, args.slow_every, jobs=args.jobs, time_limit=args.time_limit
+        args.mutants,
+        args.seed,
+        args.graphs,
+        args.out,
+        args.slow_every,
+        heavy_every=args.heavy_every,
+        jobs=args.jobs,
+        time_limit=args.time_limit,
     )
+    if args.results:
+        write_results(summary, "python -m benchmarks.mutate " + " ".join(argv or sys.argv[1:]), args.results)
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}, indent=1))
     for f in summary["failures"][:20]:
         print(

@@ -135,10 +135,38 @@ class ShapeSuspicion(RematError):
 _TYPE_ERROR_MARKS = ("typestr", "type error", "typeinferenceerror", "unsupported type", "type mismatch")
 
 
+# A declared tensor larger than this is a wrong dim, not a model: no accelerator or host onnxruntime
+# trains on holds it. onnxruntime loads such a graph (a declared shape is not checked until a run
+# feeds the input), but ONNX's data propagation materialises shape values of that size: a parameter
+# input declared [10**12, 96, 4, 4] made it allocate terabytes (benchmarks/mutate.py, absurd-dim).
+MAX_DECLARED_BYTES = 2**38
+
+
+def check_declared_sizes(graph: onnx.GraphProto, where: str | os.PathLike = "model") -> None:
+    """Raise a one-line :class:`RematError` naming the first graph input, output or value_info whose
+    declared shape has a negative dim or holds more than :data:`MAX_DECLARED_BYTES`."""
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        tensor = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tensor.HasField("shape"):
+            continue
+        dims = [d.dim_value for d in tensor.shape.dim if d.HasField("dim_value")]
+        shown = [d.dim_value if d.HasField("dim_value") else d.dim_param or "?" for d in tensor.shape.dim]
+        if any(d < 0 for d in dims):
+            raise RematError(f"{where}: {vi.name!r} declares a negative dim: {shown}")
+        size = math.prod(dims) * (_itemsize(tensor.elem_type) or 1)
+        if size > MAX_DECLARED_BYTES:
+            raise RematError(
+                f"{where}: {vi.name!r} declares shape {shown}, {size / 2**40:,.0f} TiB or more: larger than "
+                "any device holds (a wrong dim)"
+            )
+
+
 def check_types_and_shapes(skeleton: onnx.ModelProto, where: str | os.PathLike = "model") -> None:
     """Strict ONNX shape inference with type checks on ``skeleton`` (a model without tensor data,
-    see the module docstring). A type error becomes a one-line :class:`RematError`; a shape error a
-    :class:`ShapeSuspicion` (a RematError too), for the caller to confirm with onnxruntime."""
+    see the module docstring), after :func:`check_declared_sizes`. A type error becomes a one-line
+    :class:`RematError`; a shape error a :class:`ShapeSuspicion` (a RematError too), for the caller
+    to confirm with onnxruntime."""
+    check_declared_sizes(skeleton.graph, where)
     try:
         onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=True, data_prop=True)
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:

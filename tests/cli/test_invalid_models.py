@@ -174,3 +174,75 @@ def _redimmed(t: onnx.TensorProto, dims: list[int]) -> onnx.TensorProto:
 
 def _with(t: onnx.TensorProto) -> onnx.ModelProto:
     return onnx.helper.make_model(onnx.helper.make_graph([], "g", [], [], initializer=[t]))
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["apply", "--scope", "FCBlock", "-o", "OUT"],
+        ["apply", "--budget", "50%", "-o", "OUT"],
+        ["estimate", "--scope", "FCBlock"],
+        ["schedule", "-o", "OUT"],
+        ["plan", "--budget", "50%"],
+        ["report", "--scope", "FCBlock", "-o", "OUT.html"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_validity_is_judged_once_per_command(command, monkeypatch, tmp_path):
+    """The whole-graph checks (strict inference, onnxruntime's load) cost seconds on a large graph:
+    a command makes them once, on the model it reads, not again on what it derives."""
+    from click.testing import CliRunner
+
+    import onnx_remat.model_io as model_io
+    import onnx_remat.ortsim.registry as registry
+    from onnx_remat.cli.main import main
+
+    calls = {"inference": 0, "onnxruntime": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(registry, "check_types_and_shapes", counted("inference", registry.check_types_and_shapes))
+    monkeypatch.setattr(model_io, "onnxruntime_load_error", counted("onnxruntime", model_io.onnxruntime_load_error))
+    out = str(tmp_path / "out")
+    args = [command[0], str(artifacts_dir("fc5")), *(a.replace("OUT", out) for a in command[1:])]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert calls == {"inference": 1, "onnxruntime": 1}  # fc5's gradients are onnxruntime's own ops
+
+
+def test_an_absurd_declared_dim_is_one_line_not_terabytes(cli, tmp_path):
+    """Found by the mutation fuzzer's long run: a parameter input declared [10**12, ...] is loaded
+    by onnxruntime (a declared shape is checked only when a run feeds it), but ONNX's data
+    propagation tried to allocate terabytes for it (std::bad_alloc, or the machine's memory)."""
+    art = tmp_path / "gpt"
+    shutil.copytree(artifacts_dir("gpt"), art)
+    model = onnx.load(str(art / "training_model.onnx"))
+    weight = next(vi for vi in model.graph.input if vi.name.endswith("weight") and vi.type.tensor_type.shape.dim)
+    weight.type.tensor_type.shape.dim[0].dim_value = 10**12
+    onnx.save(model, str(art / "training_model.onnx"))
+    for command in (["estimate", "--scope", "Block"], ["apply", "--scope", "Block", "-o", tmp_path / "out"]):
+        proc = cli(command[0], art, *command[1:])
+        assert_one_line_error(proc, weight.name)
+        assert "larger than any device holds" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_declared_sizes():
+    from onnx_remat.errors import RematError
+    from onnx_remat.ortsim.validity import check_declared_sizes
+
+    def graph(*dims):
+        vi = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(dims))
+        return onnx.helper.make_graph([], "g", [vi], [])
+
+    check_declared_sizes(graph("batch", 1024, 1024))
+    check_declared_sizes(graph(0, 3))
+    with pytest.raises(RematError, match="negative dim"):
+        check_declared_sizes(graph(-3, 2))
+    with pytest.raises(RematError, match=r"'x' declares shape \['batch', 1000000000000\]"):
+        check_declared_sizes(graph("batch", 10**12))
