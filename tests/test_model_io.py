@@ -66,7 +66,7 @@ def test_external_data_round_trip(tmp_path):
     # Training graphs keep parameters as inputs; add a large constant so there is data to externalize.
     model.graph.initializer.append(numpy_helper.from_array(np.zeros((256, 256), np.float32), "unused_table"))
     onnx.save_model(
-        model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data", size_threshold=0
+        model, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data", size_threshold=1024
     )
     assert (tmp_path / "ext.onnx.data").exists()
     loaded = load_model(tmp_path / "ext.onnx")
