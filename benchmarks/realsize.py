@@ -180,8 +180,11 @@ def ensure_artifacts(spec, cache: Path) -> tuple[Path, float | None]:
     return art, time.perf_counter() - start
 
 
-def measure_model(name: str, *, steps: int, peers: list[str], cache: Path, timeout: float) -> dict:
-    """Every figure of one real-size model (see the module docstring)."""
+def measure_model(
+    name: str, *, steps: int, peers: list[str], cache: Path, timeout: float, keep: dict | None = None
+) -> dict:
+    """Every figure of one real-size model (see the module docstring); with ``keep`` (this model's
+    report from an earlier run), its onnx-remat rows are kept and only the peers measured again."""
     import onnx
 
     from benchmarks.peer_step import find_spec
@@ -191,9 +194,11 @@ def measure_model(name: str, *, steps: int, peers: list[str], cache: Path, timeo
     nodes = len(onnx.load(str(art / "training_model.onnx"), load_external_data=False).graph.node)
     cli = Path(sys.executable).with_name("onnx-remat")
     report: dict = {"model": name, "description": spec.description, "nodes": nodes, "export_s": export_s, "rows": []}
+    if keep is not None:
+        report["rows"] = keep["rows"]
     work = Path(tempfile.mkdtemp(prefix=f"realsize-{name}-"))
     try:
-        for label, budget in REMAT_CONFIGS:
+        for label, budget in REMAT_CONFIGS if keep is None else ():
             _log(f"{name}: onnx-remat {label}")
             out = work / label.replace(" ", "_").replace("%", "pc")
             row = apply_config(cli, art, spec, label, budget, out, timeout)
@@ -333,6 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="<out>.json and <out>.md")
     parser.add_argument("--append", action="store_true", help="add to the models already in <out>.json")
     parser.add_argument("--render", action="store_true", help="rewrite <out>.md from <out>.json, run nothing")
+    parser.add_argument(
+        "--peers-only", action="store_true", help="with --append: keep the onnx-remat rows, measure the peers again"
+    )
     args = parser.parse_args(argv)
     if args.render:
         _write(json.loads(args.out.with_suffix(".json").read_text()), args.out)
@@ -361,10 +369,13 @@ def main(argv: list[str] | None = None) -> int:
         data["models"] = before["models"]
         data["command"] = f"{before['command']}, then {data['command']}"
     for name in names:
-        data["models"] = [m for m in data["models"] if m["model"] != name]
-        data["models"].append(
-            measure_model(name, steps=args.steps, peers=peers, cache=args.cache, timeout=args.timeout)
-        )
+        kept = next((m for m in data["models"] if m["model"] == name), None) if args.peers_only else None
+        names_before = [m["model"] for m in data["models"]]
+        report = measure_model(name, steps=args.steps, peers=peers, cache=args.cache, timeout=args.timeout, keep=kept)
+        if name in names_before:  # measured again: keep its place
+            data["models"][names_before.index(name)] = report
+        else:
+            data["models"].append(report)
         _write(data, args.out)
         _log(f"{name}: done")
     print(render(data))
