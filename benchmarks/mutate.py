@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-FAILURES = ("traceback", "internal", "accepted", "wrote-refused", "memory")
+FAILURES = ("traceback", "internal", "accepted", "wrote-refused", "crash", "memory")
 # Address space of one fuzzer process (and the onnxruntime workers it starts): a command that runs
 # out of memory on these small graphs is a bug (the "memory" failure), and without a limit one such
 # mutant took the whole run with it.
@@ -515,6 +515,44 @@ def _init_worker(pool: dict[str, tuple[Path, str]], limit_memory: bool = False) 
     _POOL.update(pool)
 
 
+def _pool_round(nxt, mutants, jobs, pool, record, log_file, seed, out_dir, slow_every, heavy_every, start, limit):
+    """Mutants from ``nxt`` on in a pool until done, out of time, or the pool breaks; returns the next
+    index and the indices in flight when it broke."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    in_flight: dict = {}
+    with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool, True)) as ex:
+        while nxt < mutants or in_flight:
+            while nxt < mutants and len(in_flight) < 2 * jobs and not (limit and time.perf_counter() - start > limit):
+                in_flight[ex.submit(mutant_case, nxt, seed, str(out_dir), slow_every, heavy_every)] = nxt
+                nxt += 1
+            if not in_flight:
+                break
+            finished, _ = wait(set(in_flight), return_when=FIRST_COMPLETED)
+            for f in finished:
+                try:
+                    m = f.result()
+                except BrokenProcessPool:
+                    return nxt, sorted(in_flight.values())
+                del in_flight[f]
+                record(m, log_file)
+    return nxt, []
+
+
+def _alone(i, pool, seed, out_dir, slow_every, heavy_every) -> dict:
+    """Mutant ``i`` in a pool of its own: its record, or a ``crash`` record when its worker dies."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(1, initializer=_init_worker, initargs=(pool, True)) as ex:
+        try:
+            return ex.submit(mutant_case, i, seed, str(out_dir), slow_every, heavy_every).result()
+        except BrokenProcessPool:
+            run = asdict(Run("(worker)", -11, "crash", "the process died (a signal: segfault or out of memory)"))
+            return {"index": i, "graph": "?", "mutation": "?", "what": "?", "ort_refuses": None, "runs": [run]}
+
+
 def run(
     mutants: int,
     seed: int,
@@ -529,7 +567,6 @@ def run(
 ) -> dict:
     """The fuzzer loop (``jobs`` processes; stops early, counting what ran, after ``time_limit``
     seconds when given); returns the summary (also written to ``out_dir/summary.json``)."""
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     pool = graphs(which)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -573,22 +610,26 @@ def run(
                     break
                 record(mutant_case(i, seed, str(out_dir), slow_every, heavy_every), log_file)
         else:
-            with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(pool, True)) as ex:
-                pending = set()
-                nxt = 0
-                while nxt < mutants or pending:
-                    while (
-                        nxt < mutants
-                        and len(pending) < 2 * jobs
-                        and not (time_limit and time.perf_counter() - start > time_limit)
-                    ):
-                        pending.add(ex.submit(mutant_case, nxt, seed, str(out_dir), slow_every, heavy_every))
-                        nxt += 1
-                    if not pending:
-                        break
-                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                    for f in finished:
-                        record(f.result(), log_file)
+            nxt = 0
+            while nxt < mutants and not (time_limit and time.perf_counter() - start > time_limit):
+                # a worker killed by a signal (a segfault in a C++ library on some mutant) breaks the
+                # whole pool: the mutants in flight are then run again one by one to find it
+                nxt, broken = _pool_round(
+                    nxt,
+                    mutants,
+                    jobs,
+                    pool,
+                    record,
+                    log_file,
+                    seed,
+                    out_dir,
+                    slow_every,
+                    heavy_every,
+                    start,
+                    time_limit,
+                )
+                for i in broken:
+                    record(_alone(i, pool, seed, out_dir, slow_every, heavy_every), log_file)
     summary = {
         "mutants": done,
         "seed": seed,
