@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.realsize import main, render_model
+from benchmarks.realsize import main, render_model, render_summary
 
 MiB = 2**20
 
@@ -39,6 +39,15 @@ def _report() -> dict:
         {"config": "sac", "error": "RuntimeError: no"},
     ]
     return {"model": "m", "description": "d", "nodes": 10, "rows": rows, "peers": peers}
+
+
+def test_the_summary_puts_the_lowest_exact_peak_beside_compiles_lowest():
+    report = _report()
+    report["rows"][0]["live_before"] = 110 * MiB
+    line = render_summary({"models": [report]}).splitlines()[2]
+    # ours: the lowest exact live peak (per-layer, 60 MiB); compile's lowest: the matched row, 70 MiB
+    assert line.startswith("| m | 110 MiB | 60.0 MiB, x1.31 (per-layer) | 200 MiB | 80.0 MiB, x1.50 ")
+    assert line.endswith("| 70.0 MiB, x1.50 (budget 0.25) | yes |")
 
 
 def test_each_row_says_what_ran_and_how_it_compares():
@@ -78,3 +87,18 @@ def test_a_whole_run_on_a_small_model(tmp_path, monkeypatch):
     (eager,) = report["peers"]
     assert eager["error"] is None and eager["live_peak_bytes"] > 0 and eager["absolute_peak_bytes"] > 0
     assert render_model(report) in out.with_suffix(".md").read_text()
+
+
+def test_readme_real_size_tables_are_the_recorded_run():
+    """README's "Real size" tables are the rendering of benchmarks/results/realsize.json, model by
+    model (rerun `python -m benchmarks.realsize --render` and copy when they change)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "benchmarks" / "results" / "realsize.json").read_text())
+    readme = (root / "README.md").read_text()
+    assert data["models"]
+    assert render_summary(data) in readme
+    for report in data["models"]:
+        assert render_model(report) in readme, report["model"]
+    assert data["command"].split(", then ")[0].replace("python -m ", "") in readme.replace("python -m ", "")
