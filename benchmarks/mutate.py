@@ -342,8 +342,28 @@ def slow_commands(scope: str, original: Path, out: Path) -> dict[str, list[str]]
     }
 
 
+# Set in the worker that re-runs a mutant whose pool died: onnxruntime itself segfaults on some
+# mutants (seen: an int64 initializer with 5 bytes of raw data), so there the oracle runs in a
+# child process and a crash of onnxruntime counts as its refusal.
+_ORACLE_IN_CHILD = [False]
+
+
 def ort_refuses(path: Path) -> str | None:
     """onnxruntime's error loading ``path`` with graph optimizations off, else None (the oracle)."""
+    if _ORACLE_IN_CHILD[0]:
+        import subprocess
+
+        code = (
+            "import sys, onnxruntime as ort\n"
+            "so = ort.SessionOptions(); so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL\n"
+            "so.log_severity_level = 4\n"
+            "try:\n    ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])\n"
+            "except Exception as e:\n    print(' '.join(str(e).split())[:200] or type(e).__name__); sys.exit(1)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+        if proc.returncode < 0:
+            return f"onnxruntime crashed loading it (signal {-proc.returncode})"
+        return (proc.stdout.strip().splitlines() or ["refused"])[-1] if proc.returncode else None
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -504,7 +524,8 @@ def mutant_case(i: int, seed: int, out_dir: str, slow_every: int, heavy_every: i
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _init_worker(pool: dict[str, tuple[Path, str]], limit_memory: bool = False) -> None:
+def _init_worker(pool: dict[str, tuple[Path, str]], limit_memory: bool = False, oracle_in_child: bool = False) -> None:
+    _ORACLE_IN_CHILD[0] = oracle_in_child
     if limit_memory:  # a pool worker only: never the caller's process (a test suite's)
         import resource
 
@@ -545,7 +566,7 @@ def _alone(i, pool, seed, out_dir, slow_every, heavy_every) -> dict:
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    with ProcessPoolExecutor(1, initializer=_init_worker, initargs=(pool, True)) as ex:
+    with ProcessPoolExecutor(1, initializer=_init_worker, initargs=(pool, True, True)) as ex:
         try:
             return ex.submit(mutant_case, i, seed, str(out_dir), slow_every, heavy_every).result()
         except BrokenProcessPool:

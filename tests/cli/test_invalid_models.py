@@ -71,7 +71,16 @@ def doc_string_not_utf8(model: onnx.ModelProto) -> str:
     return "not valid UTF-8"
 
 
+def stash_type_out_of_range(model: onnx.ModelProto) -> str:
+    """Found by the mutation fuzzer: a LayerNormalization's stash_type set to 99; ONNX's C++
+    inference raised a bare ValueError ("Invalid tensor data type 99."), an internal error."""
+    node = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    next(a for a in node.attribute if a.name == "stash_type").i = 99
+    return "Invalid tensor data type 99"
+
+
 MUTATIONS = [
+    stash_type_out_of_range,
     dims_not_matching_data,
     input_retyped_to_string,
     attribute_out_of_range,
