@@ -11,18 +11,9 @@ import numpy as np
 def train(artifacts: Path, batches, *, micro_batches: int) -> tuple[list[float], np.ndarray]:
     """Losses of every micro-batch and the parameters after the last optimizer step, training
     ``artifacts`` with ``onnxruntime.training.api`` (single-threaded: GatherGrad races with two)."""
-    import onnxruntime as ort
-    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+    from onnx_remat.runtime.step_peak import training_api
 
-    ort.set_seed(0)
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    state = CheckpointState.load_checkpoint(str(artifacts / "checkpoint"))
-    module = Module(
-        str(artifacts / "training_model.onnx"), state, str(artifacts / "eval_model.onnx"), session_options=so
-    )
-    optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
-    module.train()
+    module, optimizer = training_api(artifacts, threads=1)
     losses = []
     for k, batch in enumerate(batches):
         losses.append(float(np.asarray(module(*batch))))

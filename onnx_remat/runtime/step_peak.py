@@ -34,12 +34,13 @@ from onnx_remat.errors import RematError
 from onnx_remat.runtime.memory import LIVE_MALLOC_ENV, proc_status, reset_peak_rss
 
 
-def _run_here(artifacts: Path, feeds: list[np.ndarray], steps: int, threads: int) -> dict:
+def training_api(artifacts: str | os.PathLike, threads: int = 1):
+    """``(module, optimizer)``: ``onnxruntime.training.api`` ``Module`` (in training mode, seed 0,
+    ``threads`` intra-op threads) and ``Optimizer`` of an artifacts directory."""
     import onnxruntime as ort
     from onnxruntime.training.api import CheckpointState, Module, Optimizer
 
-    reset_peak_rss()
-    baseline = proc_status("VmRSS")
+    artifacts = Path(artifacts)
     ort.set_seed(0)
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -49,6 +50,13 @@ def _run_here(artifacts: Path, feeds: list[np.ndarray], steps: int, threads: int
     )
     optimizer = Optimizer(str(artifacts / "optimizer_model.onnx"), module)
     module.train()
+    return module, optimizer
+
+
+def _run_here(artifacts: Path, feeds: list[np.ndarray], steps: int, threads: int) -> dict:
+    reset_peak_rss()
+    baseline = proc_status("VmRSS")
+    module, optimizer = training_api(artifacts, threads)
     losses = []
     for _ in range(1 + steps):
         losses.append(float(np.asarray(module(*feeds))))
