@@ -2,6 +2,7 @@
 
     python -m benchmarks.realsize [NAME ...] [--steps 2] [--peers eager,checkpoint,sac,compile]
     python -m benchmarks.realsize --render          # the Markdown again from the JSON
+    python -m benchmarks.realsize NAME --append --resume   # only the peers an earlier run missed
 
 For each model of ``models.realsize.REALSIZE`` (default: all, smallest first; artifacts exported
 into ``.cache/realsize`` when missing), every figure from this one run:
@@ -130,17 +131,31 @@ def peer_run(name: str, config: str, steps: int, timeout: float) -> dict:
     return {**data["result"], "config": config, "error": None, "wall_s": time.perf_counter() - start}
 
 
-def measure_peers(name: str, peers: list[str], steps: int, target_live: int | None, timeout: float) -> list[dict]:
-    """The PyTorch rows: eager, checkpoint, selective, compile at 1.0, 0.5 and matched to ``target_live``."""
-    rows = []
-    for config in [p for p in peers if p != "compile"]:
-        _log(f"{name}: PyTorch {config}")
-        rows.append(peer_run(name, config, steps, timeout))
+def measure_peers(
+    name: str, peers: list[str], steps: int, target_live: int | None, timeout: float, kept: list[dict] | None = None
+) -> list[dict]:
+    """The PyTorch rows: eager, checkpoint, selective, compile at 1.0, 0.5 and matched to ``target_live``.
+
+    ``kept``: rows of an earlier run of this model (``--resume``); a configuration among them that
+    ran without error is kept as it is, and only the others are measured."""
+    done = {r["config"]: r for r in kept or [] if not r.get("error")}
+
+    def run(config: str, what: str) -> dict:
+        if config in done:
+            _log(f"{name}: PyTorch {what}: kept from the earlier run")
+            return done[config]
+        _log(f"{name}: PyTorch {what}")
+        return peer_run(name, config, steps, timeout)
+
+    rows = [run(config, config) for config in peers if config != "compile"]
     if "compile" in peers:
         for budget in (1.0, 0.5):
-            _log(f"{name}: PyTorch compile, activation_memory_budget {budget}")
-            rows.append(peer_run(name, f"compile:{budget}", steps, timeout))
-        rows += match_compile(name, rows, steps, target_live, timeout)
+            rows.append(run(f"compile:{budget}", f"compile, activation_memory_budget {budget}"))
+        rows += (
+            [done["compile:match"]]
+            if "compile:match" in done
+            else match_compile(name, rows, steps, target_live, timeout)
+        )
     return rows
 
 
@@ -181,10 +196,18 @@ def ensure_artifacts(spec, cache: Path) -> tuple[Path, float | None]:
 
 
 def measure_model(
-    name: str, *, steps: int, peers: list[str], cache: Path, timeout: float, keep: dict | None = None
+    name: str,
+    *,
+    steps: int,
+    peers: list[str],
+    cache: Path,
+    timeout: float,
+    keep: dict | None = None,
+    resume: bool = False,
 ) -> dict:
     """Every figure of one real-size model (see the module docstring); with ``keep`` (this model's
-    report from an earlier run), its onnx-remat rows are kept and only the peers measured again."""
+    report from an earlier run), its onnx-remat rows are kept and only the peers measured again
+    (with ``resume``, only the peers that did not run: see :func:`measure_peers`)."""
     import onnx
 
     from benchmarks.peer_step import find_spec
@@ -212,7 +235,8 @@ def measure_model(
         shutil.rmtree(work, ignore_errors=True)
     exact = [r["live_after"] for r in report["rows"] if r.get("equal") and r.get("live_after")]
     target = min(exact) if exact else None
-    report["peers"] = measure_peers(name, peers, steps, target, timeout) if peers else []
+    kept_peers = keep.get("peers") if keep is not None and resume else None
+    report["peers"] = measure_peers(name, peers, steps, target, timeout, kept_peers) if peers else []
     return report
 
 
@@ -394,7 +418,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--peers-only", action="store_true", help="with --append: keep the onnx-remat rows, measure the peers again"
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="with --append: keep the onnx-remat rows and every peer that ran; measure only the peers missing",
+    )
     args = parser.parse_args(argv)
+    if (args.peers_only or args.resume) and not args.append:
+        parser.error("--peers-only and --resume add to an earlier run: give --append")
     if args.render:
         _write(json.loads(args.out.with_suffix(".json").read_text()), args.out)
         return 0
@@ -422,9 +453,12 @@ def main(argv: list[str] | None = None) -> int:
         data["models"] = before["models"]
         data["command"] = f"{before['command']}, then {data['command']}"
     for name in names:
-        kept = next((m for m in data["models"] if m["model"] == name), None) if args.peers_only else None
+        again = args.peers_only or args.resume
+        kept = next((m for m in data["models"] if m["model"] == name), None) if again else None
         names_before = [m["model"] for m in data["models"]]
-        report = measure_model(name, steps=args.steps, peers=peers, cache=args.cache, timeout=args.timeout, keep=kept)
+        report = measure_model(
+            name, steps=args.steps, peers=peers, cache=args.cache, timeout=args.timeout, keep=kept, resume=args.resume
+        )
         if name in names_before:  # measured again: keep its place
             data["models"][names_before.index(name)] = report
         else:

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from benchmarks.realsize import main, render_model, render_summary
+from benchmarks import realsize
+from benchmarks.realsize import main, measure_peers, render_model, render_summary
 
 MiB = 2**20
 
@@ -62,6 +63,36 @@ def test_each_row_says_what_ran_and_how_it_compares():
     assert "| PyTorch `checkpoint` per layer | - | 80.0 MiB | 1,100 MiB | x1.50 |" in lines[6]
     assert "budget matched (0.25) | - | 70.0 MiB | - | x1.50 |" in lines[8]
     assert lines[9] == "| PyTorch selective checkpointing (matmuls saved) | cannot run here: RuntimeError: no ||||||"
+
+
+def test_resume_measures_only_the_peers_an_earlier_run_missed(monkeypatch):
+    """--resume: rows that ran are kept as they are; failed and missing ones (here the compile probes)
+    are measured, and the matched budget is chosen among kept and new rows alike."""
+    ran: list[str] = []
+
+    def fake_peer_run(name, config, steps, timeout):
+        ran.append(config)
+        if not config.startswith("compile:"):
+            return {"config": config, "live_peak_bytes": 300 * MiB, "step_time_s": 2.5}
+        budget = float(config.split(":")[1])
+        return {"config": config, "budget": budget, "live_peak_bytes": int(budget * 400) * MiB, "step_time_s": 1.0}
+
+    monkeypatch.setattr(realsize, "peer_run", fake_peer_run)
+    kept = [
+        {"config": "eager", "live_peak_bytes": 500 * MiB, "step_time_s": 2.0},
+        {"config": "sac", "error": "RuntimeError: no"},
+        {"config": "compile:1.0", "budget": 1.0, "live_peak_bytes": 400 * MiB, "step_time_s": 1.0},
+        {"config": "compile:0.5", "budget": 0.5, "live_peak_bytes": 200 * MiB, "step_time_s": 1.0},
+        {"config": "compile:match", "error": "not measured: stopped for time"},
+    ]
+    monkeypatch.setattr(realsize, "MATCH_PROBES", (0.25, 0.1))
+    rows = measure_peers("m", ["eager", "sac", "compile"], 1, 60 * MiB, 10.0, kept)
+    # sac failed before: measured again; 0.25 is 100 MiB, above the target: 0.1 (40 MiB) is tried too
+    assert ran == ["sac", "compile:0.25", "compile:0.1"]
+    assert [r["config"] for r in rows] == ["eager", "sac", "compile:1.0", "compile:0.5", "compile:match"]
+    assert rows[0] is kept[0]
+    assert rows[-1]["budget"] == 0.1
+    assert [b for b, _ in rows[-1]["probes"]] == [1.0, 0.5, 0.25, 0.1]
 
 
 @pytest.mark.timeout(300)
