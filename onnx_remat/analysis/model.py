@@ -20,6 +20,7 @@ from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import ForwardOnlyGraph
 from onnx_remat.graph.bridge import ModelGraph
 from onnx_remat.model_io import LoadedModel, check_dim_names, check_loadable, forward_only_hint, load_model
+from onnx_remat.ortsim.registry import check_text
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
 
@@ -82,6 +83,8 @@ def analyze_model(
         eval_proto = (
             eval_model if isinstance(eval_model, onnx.ModelProto) else load_model(eval_model, check=False).model
         )
+        # Only its scope names are read, but those must be text (onnxruntime never loads it here).
+        check_text(eval_proto, eval_model if not isinstance(eval_model, onnx.ModelProto) else "eval model")
     try:
         tg = analyze(ModelGraph(proto))
     except ForwardOnlyGraph:

@@ -76,6 +76,26 @@ def _check_names(node: onnx.NodeProto, where: str | os.PathLike) -> None:
         raise RematError(f"{where}: a node's name, op, tensor or doc string is not valid UTF-8 text: {shown[:40]!r}")
 
 
+def _check_graph_names(model: onnx.ModelProto, where: str | os.PathLike) -> None:
+    graph = model.graph
+    texts = [vi.name for vi in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]]
+    texts += [model.doc_string, graph.doc_string, graph.name, model.producer_name]
+    texts += [x for p in model.metadata_props for x in (p.key, p.value)]
+    bad = next((t for t in texts if not isinstance(t, str)), None)
+    if bad is not None:
+        raise RematError(f"{where}: a name or doc string of the graph is not valid UTF-8 text: {bad[:40]!r}")
+
+
+def check_text(model: onnx.ModelProto, where: str | os.PathLike = "model") -> None:
+    """Raise a one-line :class:`RematError` if a name, op type or doc string of ``model`` is not
+    valid UTF-8 (protobuf hands such strings to Python as bytes, and every later step would trip
+    on them). Part of :func:`check_runtime_support`; the commands that leave the rest of the
+    judgement to onnxruntime's own load (``measure``, ``compare``) call it alone."""
+    _check_graph_names(model, where)
+    for node in _nodes(model.graph):
+        _check_names(node, where)
+
+
 def has_runtime_ops(model: onnx.ModelProto) -> bool:
     """True when ``model`` holds ops that ONNX's checker and shape inference cannot judge:
     onnxruntime's own (its domains, or default-domain ops only it registers). Their types and
@@ -124,13 +144,7 @@ def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "mo
     functions = {(f.domain, f.name) for f in model.functions}
     unknown: dict[tuple[str, str], str] = {}
     missing_domains: set[str] = set()
-    graph = model.graph
-    texts = [vi.name for vi in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]]
-    texts += [model.doc_string, graph.doc_string, graph.name, model.producer_name]
-    texts += [x for p in model.metadata_props for x in (p.key, p.value)]
-    bad = next((t for t in texts if not isinstance(t, str)), None)
-    if bad is not None:
-        raise RematError(f"{where}: a name or doc string of the graph is not valid UTF-8 text: {bad[:40]!r}")
+    _check_graph_names(model, where)
     for node in _nodes(model.graph):
         _check_names(node, where)
         domain = "" if node.domain == "ai.onnx" else node.domain

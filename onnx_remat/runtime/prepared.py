@@ -22,6 +22,7 @@ import onnx
 
 from onnx_remat.errors import RematError
 from onnx_remat.model_io import forward_only_hint, load_model, save_model
+from onnx_remat.ortsim.registry import check_text
 from onnx_remat.runtime.inputs import PreparedFeeds
 
 KEEP_ENV = "ONNX_REMAT_KEEP_WORKDIR"  # set to 1 to keep the worker's files (logs, profile) for a look
@@ -48,11 +49,13 @@ def model_source(model, checkpoint, tmp: Path, name: str) -> ModelSource:
     the artifacts checkpoint beside the file (none for a ModelProto)."""
     if isinstance(model, onnx.ModelProto):
         label = f"<{name}: in-memory model>"
+        check_text(model, label)
         ckpt = Path(checkpoint) if checkpoint else None
         forward_only = _forward_only(model, label, None, ckpt)
         path = save_model(model, tmp / f"{name}.onnx")
         return ModelSource(label, path, model, ckpt, forward_only)
     loaded = load_model(model, check=False)
+    check_text(loaded.model, loaded.path)  # the analysis below reads names; onnxruntime judges the rest
     ckpt = Path(checkpoint) if checkpoint else loaded.checkpoint_path
     forward_only = _forward_only(loaded.model, str(loaded.path), loaded.path, ckpt)
     return ModelSource(str(loaded.path), loaded.path, loaded.model, ckpt, forward_only)

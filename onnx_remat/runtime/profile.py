@@ -31,6 +31,7 @@ from pathlib import Path
 
 from onnx_remat.errors import RematError, one_line
 from onnx_remat.model_io import load_model, write_file
+from onnx_remat.ortsim.registry import check_text
 from onnx_remat.remat.cost import cache_path, kernel_times, model_fingerprint
 from onnx_remat.runtime.inputs import prepare_feeds
 from onnx_remat.runtime.measure import run_worker, worker_env
@@ -50,6 +51,7 @@ def profile_costs(
     """Kernel times of ``model`` (a training graph file or artifacts directory) from onnxruntime's
     profiler, cached beside the graph; see the module docstring for the format."""
     loaded = load_model(model, check=False)
+    check_text(loaded.model, loaded.path)  # the feeds are made by name; onnxruntime judges the rest
     fingerprint = model_fingerprint(loaded.path.read_bytes())
     cached = cache_path(loaded.path)
     if use_cache and cached.is_file():

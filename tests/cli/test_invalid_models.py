@@ -255,3 +255,22 @@ def test_declared_sizes():
         check_declared_sizes(graph(-3, 2))
     with pytest.raises(RematError, match=r"'x' declares shape \['batch', 1000000000000\]"):
         check_declared_sizes(graph("batch", 10**12))
+
+
+@pytest.mark.parametrize("command", ["measure", "compare"])
+def test_a_tensor_name_not_utf8_gets_one_line_from_the_runtime_commands(command, cli, tmp_path):
+    """Found by the mutation fuzzer's long run (seed 2031, mutant 350: a flipped byte in a tensor
+    name of resnet_ts): ``measure`` and ``compare``, which leave validity to onnxruntime's load,
+    read names first and failed on the bytes (internal error: TypeError)."""
+    art = tmp_path / "fc5"
+    shutil.copytree(artifacts_dir("fc5"), art)
+    path = art / "training_model.onnx"
+    model = onnx.load(str(path))
+    name = next(t for t in model.graph.input if t.name.endswith("weight")).name.encode()
+    data = model.SerializeToString()
+    assert data.count(name) > 1
+    path.write_bytes(data.replace(name, name[:1] + b"\x9e" + name[2:]))
+    args = [art] if command == "measure" else [artifacts_dir("fc5"), art]
+    proc = cli(command, *args, "--steps", "1")
+    assert_one_line_error(proc, "not valid UTF-8")
+    assert "internal error" not in proc.stderr
