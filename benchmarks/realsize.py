@@ -47,9 +47,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "realsize"
-ORDER = ("resnet50", "vit_b16", "bert_base", "gpt2_small", "gpt2_medium", "llama_2048")  # cheapest first
+ORDER = (  # cheapest first
+    "resnet50",
+    "vit_b16",
+    "bert_base",
+    "gpt2_small",
+    "gpt2_small_dynamo",
+    "gpt2_medium",
+    "llama_2048",
+)
 REMAT_CONFIGS = (("per-layer", None), ("budget 50%", "50%"), ("lowest", "min"))
 PEERS = ("eager", "checkpoint", "sac", "compile")
+# Graphs of one PyTorch module through another exporter: the peers are those of the first.
+SAME_MODULE = {"gpt2_small_dynamo": "gpt2_small"}
 MATCH_PROBES = (0.25, 0.1, 0.5)  # compile:match: the budgets tried, in order, until one is at or below the target
 MiB = 2**20
 
@@ -236,7 +246,10 @@ def measure_model(
     exact = [r["live_after"] for r in report["rows"] if r.get("equal") and r.get("live_after")]
     target = min(exact) if exact else None
     kept_peers = keep.get("peers") if keep is not None and resume else None
-    report["peers"] = measure_peers(name, peers, steps, target, timeout, kept_peers) if peers else []
+    if name in SAME_MODULE:  # PyTorch runs the module, not the graph: its peers are measured once
+        report["peers"], report["peers_of"] = [], SAME_MODULE[name]
+    else:
+        report["peers"] = measure_peers(name, peers, steps, target, timeout, kept_peers) if peers else []
     return report
 
 
@@ -291,6 +304,8 @@ def render_model(report: dict) -> str:
             f"| {_x(r.get('time_ratio'))} | {equal} | {_tool(r.get('tool'))} | {_estimate(r)} |"
         )
     peers = report.get("peers") or []
+    if report.get("peers_of"):
+        lines.append(f"| PyTorch | the same module as {report['peers_of']}: its rows there ||||||")
     base = {
         "eager": next((p for p in peers if p["config"] == "eager" and not p.get("error")), None),
         "compile": next((p for p in peers if p["config"] == "compile:1.0" and not p.get("error")), None),
@@ -323,12 +338,13 @@ def _peer_label(p: dict) -> str:
     return f"PyTorch `torch.compile`, `activation_memory_budget` {c.split(':', 1)[1]}"
 
 
-def summary_row(report: dict) -> dict:
+def summary_row(report: dict, peers_from: dict | None = None) -> dict:
     """One model's headline figures: onnx-remat's lowest exact live peak and its time ratio, and
-    torch.compile's lowest live peak over the budgets measured, with its time ratio."""
+    torch.compile's lowest live peak over the budgets measured, with its time ratio (the peers of
+    ``peers_from``, the report of the same module's other graph, where given)."""
     exact = [r for r in report["rows"] if r.get("equal") and r.get("live_after")]
     ours = min(exact, key=lambda r: r["live_after"]) if exact else None
-    peers = [p for p in report.get("peers") or [] if not p.get("error")]
+    peers = [p for p in (peers_from or report).get("peers") or [] if not p.get("error")]
     compile_base = next((p for p in peers if p["config"] == "compile:1.0"), None)
     compiled = [p for p in peers if p["config"].startswith("compile:") and p.get("live_peak_bytes")]
     best = min(compiled, key=lambda p: p["live_peak_bytes"]) if compiled else None
@@ -358,8 +374,9 @@ def render_summary(data: dict) -> str:
         "| onnx-remat's peak at or below compile's |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
+    by_name = {m["model"]: m for m in data["models"]}
     for report in data["models"]:
-        s = summary_row(report)
+        s = summary_row(report, by_name.get(report.get("peers_of") or ""))
         ours, best, ck = s["ours"], s["compile_best"], s["checkpoint"]
         ours_cell = f"{_mib(ours['live_after'])}, {_x(ours.get('time_ratio'))} ({ours['config']})" if ours else "-"
         ck_cell = f"{_mib(ck.get('live_peak_bytes'))}, {_x(s['checkpoint_ratio'])}" if ck else "-"

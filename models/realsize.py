@@ -10,6 +10,8 @@ name              model                                                       pa
 ================  ==========================================================  ===============
 ``gpt2_small``    GPT-2 small: 12 x 768, 12 heads, vocab 50257, tied           124 M
                   embedding; sequence 1024, batch 1
+``gpt2_small_    the same, through the dynamo exporter (opset 18)             124 M
+dynamo``
 ``gpt2_medium``   GPT-2 medium: 24 x 1024, 16 heads, tied embedding;           355 M
                   sequence 512, batch 1
 ``bert_base``     BERT-base: 12 x 768, 12 heads, FFN 3072, vocab 30522;        109 M
@@ -21,8 +23,11 @@ name              model                                                       pa
 ``resnet50``      ResNet-50 (bottleneck 3-4-6-3); 224 x 224, batch 8           26 M
 ================  ==========================================================  ===============
 
-All go through the TorchScript exporter (opset 14 for GPT-2 and BERT, 17 for the rest, as in the
-corpus). The Llama-shaped decoder has 4 layers: its parameters (1.2 GB as fp32) are then below
+All but one go through the TorchScript exporter (opset 14 for GPT-2 and BERT, 17 for the rest, as in
+the corpus); GPT-2 small goes through the dynamo exporter too (opset 18, with the corpus's export
+fixes, :func:`onnx_remat.exporters.fix_dynamo_training_export`), so that both exporters' graphs are
+measured at real size. The PyTorch peers of the two GPT-2 small graphs are one module, measured
+once. The Llama-shaped decoder has 4 layers: its parameters (1.2 GB as fp32) are then below
 protobuf's 2 GB limit for the exported forward model, which ``generate_artifacts`` needs in one
 piece; each layer is 45 M parameters, the layers are alike, and the per-layer results scale with
 their number. Dropout is as each configuration has it (0.1 for GPT-2, BERT; none for Llama,
@@ -85,6 +90,7 @@ def _spec(
     blocks: Callable[[nn.Module], list[nn.Module]],
     description: str,
     opset: int,
+    exporter: str = "torchscript",
 ) -> ModelSpec:
     return ModelSpec(
         name=name,
@@ -95,7 +101,7 @@ def _spec(
         example_target=target,
         loss=_ce,
         ort_loss="cross_entropy",
-        exporter="torchscript",
+        exporter=exporter,
         block_scope=block_scope,
         blocks=blocks,
         input_names=input_names,
@@ -108,7 +114,9 @@ def _spec(
 GPT2_VOCAB = 50257
 
 
-def _gpt2(name: str, layers: int, width: int, heads: int, seq: int, description: str) -> ModelSpec:
+def _gpt2(
+    name: str, layers: int, width: int, heads: int, seq: int, description: str, exporter: str = "torchscript"
+) -> ModelSpec:
     return _spec(
         name,
         build=_hf("GPT2LMHeadModel", "GPT2Config", n_layer=layers, n_embd=width, n_head=heads, vocab_size=GPT2_VOCAB),
@@ -118,7 +126,8 @@ def _gpt2(name: str, layers: int, width: int, heads: int, seq: int, description:
         block_scope="GPT2Block",
         blocks=lambda m: list(m.model.transformer.h),
         description=description,
-        opset=14,
+        opset=14 if exporter == "torchscript" else 18,
+        exporter=exporter,
     )
 
 
@@ -130,6 +139,15 @@ _SPECS = [
         12,
         1024,
         "GPT-2 small: 12 layers x 768, 12 heads, vocab 50257, tied embedding; sequence 1024, batch 1",
+    ),
+    _gpt2(
+        "gpt2_small_dynamo",
+        12,
+        768,
+        12,
+        1024,
+        "GPT-2 small as above, through the dynamo exporter (opset 18)",
+        exporter="dynamo",
     ),
     _gpt2(
         "gpt2_medium",
