@@ -54,28 +54,55 @@ def command_line(cli: Path, command: str, model: Path, out: Path) -> list[str]:
     raise ValueError(command)
 
 
+# The measured command runs as the child of this small launcher, not of the benchmark's own
+# process: Linux starts a child's ru_maxrss at its parent's high-water mark (fork copies the
+# address space, and exec records the old one's peak), so a command started by a driver that
+# holds gigabytes (realsize compares models in-process) would report the driver's peak as its own.
+# The launcher is a bare interpreter (~10 MB), and it reports its child's wait4 figures on stdout.
+_LAUNCHER = """
+import json, os, sys
+pid = os.fork()
+if pid == 0:
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+    try:
+        os.execvp(sys.argv[1], sys.argv[1:])
+    except OSError as exc:
+        os.write(2, f"cannot run {sys.argv[1]}: {exc.strerror}\\n".encode())
+        os._exit(127)
+_, status, usage = os.wait4(pid, 0)
+print(json.dumps({"status": status, "maxrss_kib": usage.ru_maxrss}), flush=True)
+"""
+
+
 def run_measured(argv: list[str], timeout: float) -> dict:
-    """Run ``argv`` as a fresh process: wall seconds, peak RSS (bytes), exit status."""
+    """Run ``argv`` as a fresh process: wall seconds, peak RSS (bytes, of that process alone), exit
+    status. Past ``timeout`` seconds it is killed (``timed_out``; its peak RSS then as far as known)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = start + timeout
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LAUNCHER, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     timed_out = False
-    while True:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.perf_counter() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pid, status, usage = os.wait4(proc.pid, 0)
-            timed_out = True
-            break
-        time.sleep(0.05)
+    try:
+        out, err_bytes = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err_bytes = proc.communicate()
+        timed_out = True
     wall = time.perf_counter() - start
-    err = proc.stderr.read().decode(errors="replace").strip().splitlines() if proc.stderr else []
-    code = os.waitstatus_to_exitcode(status)
+    err = err_bytes.decode(errors="replace").strip().splitlines()
+    report = next((json.loads(line) for line in out.decode().splitlines() if line.startswith("{")), None)
+    if report is None:  # killed, or the launcher itself failed
+        code = proc.returncode if not timed_out else -signal.SIGKILL
+        rss = 0
+    else:
+        code = os.waitstatus_to_exitcode(report["status"])
+        rss = int(report["maxrss_kib"]) * 1024  # KiB on Linux
     return {
         "wall_s": round(wall, 2),
-        "peak_rss_bytes": int(usage.ru_maxrss) * 1024,  # KiB on Linux
+        "peak_rss_bytes": rss,
         "exit": code,
         "timed_out": timed_out,
         "error": err[-1] if code and err else None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.apply_scale import COMMANDS, main, render
+from benchmarks.apply_scale import COMMANDS, main, render, run_measured
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
@@ -23,7 +23,26 @@ def test_readme_scale_table_is_the_recorded_run():
     for row in data["rows"]:
         assert set(row["commands"]) == set(COMMANDS), row["nodes"]
         for r in row["commands"].values():
-            assert r["wall_s"] > 0 and r["peak_rss_bytes"] > 0
+            assert r["wall_s"] > 0 and (r["peak_rss_bytes"] > 0 or r["timed_out"])
+
+
+def test_a_command_s_peak_rss_is_its_own_not_the_benchmark_s():
+    """Linux starts a child's ru_maxrss at its parent's peak: a driver holding memory must not
+    lend it to the command it measures (realsize's driver holds gigabytes)."""
+    import sys
+
+    import numpy as np
+
+    held = np.ones(2**26)  # 512 MiB in this process, touched
+    small = run_measured([sys.executable, "-c", "pass"], 60)
+    big = run_measured([sys.executable, "-c", "b = bytearray(300 * 2**20)\nb[::4096] = bytes(len(b[::4096]))"], 60)
+    assert held.sum() == 2**26
+    assert small["exit"] == 0 and 0 < small["peak_rss_bytes"] < 100 * 2**20, small
+    assert big["exit"] == 0 and big["peak_rss_bytes"] > 300 * 2**20, big
+    failed = run_measured([sys.executable, "-c", "import sys; sys.exit(3)"], 60)
+    assert failed["exit"] == 3 and not failed["timed_out"]
+    slow = run_measured([sys.executable, "-c", "import time; time.sleep(30)"], 0.5)
+    assert slow["timed_out"] and slow["wall_s"] < 20
 
 
 def test_render_marks_timeouts_and_failures():
