@@ -3,6 +3,7 @@
     python -m benchmarks.realsize [NAME ...] [--steps 2] [--peers eager,checkpoint,sac,compile]
     python -m benchmarks.realsize --render          # the Markdown again from the JSON
     python -m benchmarks.realsize NAME --append --resume   # only the peers an earlier run missed
+    python -m benchmarks.realsize --tool-only       # every recorded apply again: its time and RSS only
 
 For each model of ``models.realsize.REALSIZE`` (default: all, smallest first; artifacts exported
 into ``.cache/realsize`` when missing), every figure from this one run:
@@ -88,6 +89,43 @@ def apply_config(cli: Path, art: Path, spec, label: str, budget: str | None, out
         row["estimate_after"] = est.get("planned_peak_bytes_after")
         row["segments"] = len(summary.get("segments") or [])
     return row
+
+
+def refresh_tool_figures(data: dict, cache: Path, timeout: float) -> list[str]:
+    """``--tool-only``: run every recorded onnx-remat configuration's ``apply`` again, as a fresh
+    process, and replace only its tool figures (wall time, peak RSS): after a change to the tool
+    that leaves its output alone, or to measure all models' tool figures side by side. A rewrite
+    whose estimate or segment count differs from the recorded one is reported (the returned lines)
+    and its figures are not replaced: the rest of that row would no longer describe it."""
+    from benchmarks.peer_step import find_spec
+
+    cli = Path(sys.executable).with_name("onnx-remat")
+    budgets = dict(REMAT_CONFIGS)
+    problems = []
+    for report in data["models"]:
+        spec = find_spec(report["model"])
+        art, _ = ensure_artifacts(spec, cache)
+        work = Path(tempfile.mkdtemp(prefix=f"realsize-tool-{spec.name}-"))
+        try:
+            for row in report["rows"]:
+                if row["config"] not in budgets or row.get("error"):
+                    continue
+                _log(f"{spec.name}: onnx-remat {row['config']} (tool figures)")
+                out = work / row["config"].replace(" ", "_").replace("%", "pc")
+                again = apply_config(cli, art, spec, row["config"], budgets[row["config"]], out, timeout)
+                shutil.rmtree(out, ignore_errors=True)
+                same = all(again.get(k) == row.get(k) for k in ("estimate_before", "estimate_after", "segments"))
+                if again["tool"]["exit"] != 0 or not same:
+                    problems.append(
+                        f"{spec.name} {row['config']}: exit {again['tool']['exit']}, estimate "
+                        f"{again.get('estimate_after')} (recorded {row.get('estimate_after')}), segments "
+                        f"{again.get('segments')} (recorded {row.get('segments')})"
+                    )
+                    continue
+                row["tool"] = again["tool"]
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return problems
 
 
 def feeds_of(spec) -> list:
@@ -411,7 +449,9 @@ def _write(data: dict, out: Path) -> None:
     out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
     out.with_suffix(".md").write_text(
         f"# Real size: onnx-remat beside PyTorch\n\nRecorded {data['date']} ({data['machine']}), by "
-        f"`{data['command']}`.\n\n{render(data)}\n"
+        f"`{data['command']}`."
+        + (f" Tool time and RSS measured again: {data['tool_figures']}." if data.get("tool_figures") else "")
+        + f"\n\n{render(data)}\n"
     )
 
 
@@ -440,7 +480,23 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --append: keep the onnx-remat rows and every peer that ran; measure only the peers missing",
     )
+    parser.add_argument(
+        "--tool-only",
+        action="store_true",
+        help="run every recorded configuration's apply again and replace only its tool time and RSS",
+    )
     args = parser.parse_args(argv)
+    if args.tool_only:
+        data = json.loads(args.out.with_suffix(".json").read_text())
+        problems = refresh_tool_figures(data, args.cache, args.timeout)
+        data["tool_figures"] = (
+            f"{time.strftime('%Y-%m-%d')}, `python -m benchmarks.realsize --tool-only` "
+            f"(load {os.getloadavg()[0]:.1f} at the end)"
+        )
+        _write(data, args.out)
+        for line in problems:
+            print(f"not replaced: {line}", file=sys.stderr)
+        return 1 if problems else 0
     if (args.peers_only or args.resume) and not args.append:
         parser.error("--peers-only and --resume add to an earlier run: give --append")
     if args.render:

@@ -95,6 +95,30 @@ def test_resume_measures_only_the_peers_an_earlier_run_missed(monkeypatch):
     assert [b for b, _ in rows[-1]["probes"]] == [1.0, 0.5, 0.25, 0.1]
 
 
+def test_tool_only_replaces_tool_figures_of_rewrites_that_are_the_same(monkeypatch, tmp_path):
+    """--tool-only: each recorded apply runs again; only its time and RSS change, and a rewrite that
+    no longer matches the recorded one (another estimate) is reported, its row left alone."""
+    report = _report()
+    report["model"] = "fc5"
+    report["rows"].append({**report["rows"][0], "config": "budget 50%", "estimate_after": 70 * MiB})
+    old_tool = report["rows"][0]["tool"]
+    fresh = {"wall_s": 1.5, "peak_rss_bytes": 2**29, "exit": 0, "timed_out": False, "error": None}
+
+    def fake_apply(cli, art, spec, label, budget, out, timeout):
+        return {"config": label, "tool": fresh, "estimate_after": 50 * MiB}
+
+    monkeypatch.setattr(realsize, "apply_config", fake_apply)
+    monkeypatch.setattr(realsize, "ensure_artifacts", lambda spec, cache: (tmp_path, None))
+    problems = realsize.refresh_tool_figures({"models": [report]}, tmp_path, 10.0)
+    per_layer, lowest, budget = report["rows"]
+    assert per_layer["tool"] is fresh and per_layer["estimate_after"] == 50 * MiB
+    assert lowest["tool"] is old_tool  # it failed when recorded: not run again
+    assert budget["tool"] is old_tool
+    assert len(problems) == 1 and problems[0].startswith(
+        "fc5 budget 50%: exit 0, estimate 52428800 (recorded 73400320)"
+    )
+
+
 @pytest.mark.timeout(300)
 def test_a_whole_run_on_a_small_model(tmp_path, monkeypatch):
     """fc5 from the example artifacts: every onnx-remat row rewritten, run and bit-identical, the
