@@ -1,0 +1,51 @@
+"""How many graphs one command emulates: each emulation is the costliest step of a command (README
+"Scale"), so the count per command is pinned here, and a change that emulates the same graph
+twice fails.
+
+An emulation is counted where its :class:`~onnx_remat.ortsim.graph.RuntimeGraph` is made. Today:
+``apply`` emulates the original, the rewrite, the rewrite with its partial gradients accumulated
+in place (when the graph has shared parameters) and the best order found, written and checked;
+``estimate`` the same (it is ``apply`` without writing); ``schedule`` the original, the
+accumulated variant and the order checked.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import artifacts_dir
+
+import onnx_remat
+from onnx_remat.estimate import estimate
+from onnx_remat.ortsim import graph
+
+
+@pytest.fixture
+def emulations(monkeypatch):
+    made = [0]
+    post_init = graph.RuntimeGraph.__post_init__
+
+    def counted(self):
+        made[0] += 1
+        post_init(self)
+
+    monkeypatch.setattr(graph.RuntimeGraph, "__post_init__", counted)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("name", "scope", "most"),
+    [("gpt", "Block", {"apply": 3, "estimate": 3, "schedule": 1}), ("fc5", "FCBlock", {"apply": 2, "estimate": 2})],
+)
+def test_each_command_emulates_each_graph_once(emulations, name, scope, most):
+    art = artifacts_dir(name)
+    runs = {
+        "apply": lambda: onnx_remat.apply(art, scopes=scope),
+        "estimate": lambda: estimate(art, scopes=scope),
+        "schedule": lambda: onnx_remat.schedule(art),
+    }
+    for command, limit in most.items():
+        emulations[0] = 0
+        runs[command]()
+        assert 1 <= emulations[0] <= limit, (
+            f"{name} {command}: {emulations[0]} graphs emulated, at most {limit} expected"
+        )
