@@ -586,8 +586,10 @@ def run(
     time_limit: float = 0,
     log=print,
 ) -> dict:
-    """The fuzzer loop (``jobs`` processes; stops early, counting what ran, after ``time_limit``
-    seconds when given); returns the summary (also written to ``out_dir/summary.json``)."""
+    """The fuzzer loop (``jobs`` worker processes; ``jobs=0``: in this process, where a mutant that
+    crashes onnxruntime takes the caller down with it; stops early, counting what ran, after
+    ``time_limit`` seconds when given); returns the summary (also written to
+    ``out_dir/summary.json``)."""
 
     pool = graphs(which)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -624,7 +626,7 @@ def run(
             log(f"[{done}/{mutants} mutants, {time.perf_counter() - start:.0f} s] {dict(counts)}")
 
     with (out_dir / "mutants.jsonl").open("w") as log_file:
-        if jobs <= 1:
+        if jobs <= 0:
             _init_worker(pool)
             for i in range(mutants):
                 if time_limit and time.perf_counter() - start > time_limit:
@@ -725,7 +727,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--heavy-every", type=int, default=1, help="on mutants onnxruntime loads, run the HEAVY commands on every K-th"
     )
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="worker processes (default 1; 0: in this process, for debugging)"
+    )
     parser.add_argument("--time-limit", type=float, default=0, help="stop starting mutants after this many seconds")
     parser.add_argument("--results", type=Path, help="write the run down here (a .md file, and .json beside it)")
     args = parser.parse_args(argv)
