@@ -1,7 +1,7 @@
 """Real size: onnx-remat on the models that run out of memory, beside PyTorch's own answers, in one run.
 
     python -m benchmarks.realsize [NAME ...] [--steps 2] [--peers eager,checkpoint,sac,compile]
-    python -m benchmarks.realsize --render          # the Markdown again from the JSON
+    python -m benchmarks.realsize --render [--readme]   # the Markdown (and README's tables) from the JSON
     python -m benchmarks.realsize NAME --append --resume   # only the peers an earlier run missed
     python -m benchmarks.realsize --tool-only       # every recorded apply again: its time and RSS only
 
@@ -444,6 +444,19 @@ def render(data: dict) -> str:
     return "\n\n".join(parts)
 
 
+README_START = "| model | onnxruntime live peak |"
+README_END = "**What this shows.**"
+
+
+def splice_readme(data: dict, readme: Path) -> None:
+    """Rewrite README's "Real size" tables (the summary, then one section per model) from ``data``;
+    the prose around them is left as it is."""
+    text = readme.read_text()
+    start, end = text.index(README_START), text.index(README_END)
+    tables = render_summary(data) + "\n\n" + render(data).replace("#### ", "### ") + "\n\n"
+    readme.write_text(text[:start] + tables + text[end:])
+
+
 def _write(data: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1) + "\n")
@@ -472,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="<out>.json and <out>.md")
     parser.add_argument("--append", action="store_true", help="add to the models already in <out>.json")
     parser.add_argument("--render", action="store_true", help="rewrite <out>.md from <out>.json, run nothing")
+    parser.add_argument("--readme", action="store_true", help="with --render: README's Real size tables too")
     parser.add_argument(
         "--peers-only", action="store_true", help="with --append: keep the onnx-remat rows, measure the peers again"
     )
@@ -500,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
     if (args.peers_only or args.resume) and not args.append:
         parser.error("--peers-only and --resume add to an earlier run: give --append")
     if args.render:
-        _write(json.loads(args.out.with_suffix(".json").read_text()), args.out)
+        data = json.loads(args.out.with_suffix(".json").read_text())
+        _write(data, args.out)
+        if args.readme:
+            splice_readme(data, ROOT / "README.md")
         return 0
     names = args.names or list(ORDER)
     unknown = []

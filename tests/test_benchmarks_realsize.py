@@ -146,7 +146,7 @@ def test_a_whole_run_on_a_small_model(tmp_path, monkeypatch):
 
 def test_readme_real_size_tables_are_the_recorded_run():
     """README's "Real size" tables are the rendering of benchmarks/results/realsize.json, model by
-    model (rerun `python -m benchmarks.realsize --render` and copy when they change)."""
+    model (`python -m benchmarks.realsize --render --readme` rewrites them)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
