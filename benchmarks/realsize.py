@@ -51,7 +51,9 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "realsize"
 ORDER = (  # cheapest first
     "resnet50",
     "vit_b16",
+    "vit_b16_dynamo",
     "bert_base",
+    "bert_base_dynamo",
     "gpt2_small",
     "gpt2_small_dynamo",
     "gpt2_medium",
@@ -59,8 +61,17 @@ ORDER = (  # cheapest first
 )
 REMAT_CONFIGS = (("per-layer", None), ("budget 50%", "50%"), ("lowest", "min"))
 PEERS = ("eager", "checkpoint", "sac", "compile")
-# Graphs of one PyTorch module through another exporter: the peers are those of the first.
-SAME_MODULE = {"gpt2_small_dynamo": "gpt2_small"}
+
+
+def same_module(name: str) -> str | None:
+    """The model whose PyTorch module ``name``'s graph comes from when it is another exporter's
+    graph of it (``<model>_dynamo``): the peers are measured once, on that one."""
+    from models.realsize import DYNAMO_TOO
+
+    base = name.removesuffix("_dynamo")
+    return base if base != name and base in DYNAMO_TOO else None
+
+
 MATCH_PROBES = (0.25, 0.1, 0.5)  # compile:match: the budgets tried, in order, until one is at or below the target
 MiB = 2**20
 
@@ -284,8 +295,8 @@ def measure_model(
     exact = [r["live_after"] for r in report["rows"] if r.get("equal") and r.get("live_after")]
     target = min(exact) if exact else None
     kept_peers = keep.get("peers") if keep is not None and resume else None
-    if name in SAME_MODULE:  # PyTorch runs the module, not the graph: its peers are measured once
-        report["peers"], report["peers_of"] = [], SAME_MODULE[name]
+    if same_module(name):  # PyTorch runs the module, not the graph: its peers are measured once
+        report["peers"], report["peers_of"] = [], same_module(name)
     else:
         report["peers"] = measure_peers(name, peers, steps, target, timeout, kept_peers) if peers else []
     return report
