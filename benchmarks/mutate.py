@@ -350,20 +350,23 @@ _ORACLE_IN_CHILD = [False]
 
 def ort_refuses(path: Path) -> str | None:
     """onnxruntime's error loading ``path`` with graph optimizations off, else None (the oracle)."""
-    if _ORACLE_IN_CHILD[0]:
-        import subprocess
+    if not _ORACLE_IN_CHILD[0]:
+        return _load_error(path)
+    import subprocess
 
-        code = (
-            "import sys, onnxruntime as ort\n"
-            "so = ort.SessionOptions(); so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL\n"
-            "so.log_severity_level = 4\n"
-            "try:\n    ort.InferenceSession(sys.argv[1], so, providers=['CPUExecutionProvider'])\n"
-            "except Exception as e:\n    print(' '.join(str(e).split())[:200] or type(e).__name__); sys.exit(1)\n"
-        )
-        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
-        if proc.returncode < 0:
-            return f"onnxruntime crashed loading it (signal {-proc.returncode})"
-        return (proc.stdout.strip().splitlines() or ["refused"])[-1] if proc.returncode else None
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+        "from benchmarks.mutate import _load_error\n"
+        "error = _load_error(sys.argv[1])\n"
+        "if error is not None:\n    print(error); sys.exit(1)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
+    if proc.returncode < 0:
+        return f"onnxruntime crashed loading it (signal {-proc.returncode})"
+    return (proc.stdout.strip().splitlines() or ["refused"])[-1] if proc.returncode else None
+
+
+def _load_error(path: str | Path) -> str | None:
     import onnxruntime as ort
 
     so = ort.SessionOptions()

@@ -61,6 +61,8 @@ ORDER = (  # cheapest first
 )
 REMAT_CONFIGS = (("per-layer", None), ("budget 50%", "50%"), ("lowest", "min"))
 PEERS = ("eager", "checkpoint", "sac", "compile")
+MATCH_PROBES = (0.25, 0.1, 0.5)  # compile:match: the budgets tried, in order, until one is at or below the target
+MiB = 2**20
 
 
 def same_module(name: str) -> str | None:
@@ -72,8 +74,9 @@ def same_module(name: str) -> str | None:
     return base if base != name and base in DYNAMO_TOO else None
 
 
-MATCH_PROBES = (0.25, 0.1, 0.5)  # compile:match: the budgets tried, in order, until one is at or below the target
-MiB = 2**20
+def _rewrite_dir(work: Path, label: str) -> Path:
+    """Where configuration ``label``'s rewrite is written under ``work``."""
+    return work / label.replace(" ", "_").replace("%", "pc")
 
 
 def _log(msg: str) -> None:
@@ -122,7 +125,7 @@ def refresh_tool_figures(data: dict, cache: Path, timeout: float) -> list[str]:
                 if row["config"] not in budgets or row.get("error"):
                     continue
                 _log(f"{spec.name}: onnx-remat {row['config']} (tool figures)")
-                out = work / row["config"].replace(" ", "_").replace("%", "pc")
+                out = _rewrite_dir(work, row["config"])
                 again = apply_config(cli, art, spec, row["config"], budgets[row["config"]], out, timeout)
                 shutil.rmtree(out, ignore_errors=True)
                 same = all(again.get(k) == row.get(k) for k in ("estimate_before", "estimate_after", "segments"))
@@ -282,7 +285,7 @@ def measure_model(
     try:
         for label, budget in REMAT_CONFIGS if keep is None else ():
             _log(f"{name}: onnx-remat {label}")
-            out = work / label.replace(" ", "_").replace("%", "pc")
+            out = _rewrite_dir(work, label)
             row = apply_config(cli, art, spec, label, budget, out, timeout)
             if row["tool"]["exit"] == 0 and out.exists():
                 row.update(measure_rewrite(art, out, spec, steps))
@@ -295,8 +298,9 @@ def measure_model(
     exact = [r["live_after"] for r in report["rows"] if r.get("equal") and r.get("live_after")]
     target = min(exact) if exact else None
     kept_peers = keep.get("peers") if keep is not None and resume else None
-    if same_module(name):  # PyTorch runs the module, not the graph: its peers are measured once
-        report["peers"], report["peers_of"] = [], same_module(name)
+    twin = same_module(name)
+    if twin:  # PyTorch runs the module, not the graph: its peers are measured once
+        report["peers"], report["peers_of"] = [], twin
     else:
         report["peers"] = measure_peers(name, peers, steps, target, timeout, kept_peers) if peers else []
     return report
