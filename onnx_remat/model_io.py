@@ -51,7 +51,7 @@ from onnx_remat.errors import RematError, UsageError, one_line
 from onnx_remat.interrupts import critical
 from onnx_remat.ortsim.registry import check_runtime_support, has_runtime_ops
 from onnx_remat.ortsim.validity import ShapeSuspicion
-from onnx_remat.runtime.load_check import onnxruntime_load_error
+from onnx_remat.runtime.load_check import PendingLoadCheck, onnxruntime_load_error, start_load_check
 
 TRAINING_MODEL = "training_model.onnx"
 EVAL_MODEL = "eval_model.onnx"
@@ -75,6 +75,24 @@ class LoadedModel:
     artifacts_dir: Path | None
     external_data: bool
     files: list[Path] = field(default_factory=list)
+    # onnxruntime's load check, still running in a child (load_model(defer_load_check=True));
+    # None when it was settled while loading, or not needed. Settle with settle_load_check().
+    load_check: PendingLoadCheck | None = field(default=None, repr=False, compare=False)
+
+    def settle_load_check(self) -> None:
+        """Wait for onnxruntime's verdict on the model if it is still pending; raise its refusal as a
+        one-line :class:`RematError`. Does nothing the second time."""
+        pending, self.load_check = self.load_check, None
+        if pending is not None:
+            refused = pending.refusal()
+            if refused is not None:
+                raise RematError(f"{self.path}: onnxruntime refuses to load it: {refused}")
+
+    def cancel_load_check(self) -> None:
+        """Stop a pending load check whose verdict is no longer needed."""
+        pending, self.load_check = self.load_check, None
+        if pending is not None:
+            pending.cancel()
 
     @property
     def eval_model_path(self) -> Path | None:
@@ -115,31 +133,44 @@ RUNTIME_LOAD_CHECK_MAX_NODES = 30_000
 
 
 def check_loadable(
-    model: onnx.ModelProto, where: str | os.PathLike = "model", path: str | os.PathLike | None = None
-) -> None:
+    model: onnx.ModelProto,
+    where: str | os.PathLike = "model",
+    path: str | os.PathLike | None = None,
+    *,
+    defer: bool = False,
+) -> PendingLoadCheck | None:
     """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 refuses to load ``model``
     (read from ``path`` when given): the static checks
     (:func:`~onnx_remat.ortsim.registry.check_runtime_support` with types and shapes), then, where
     they flag a shape only onnxruntime can judge or the graph holds onnxruntime's own ops (whose
     types and attributes only its load checks), onnxruntime's own load with optimizations off
-    (:func:`~onnx_remat.runtime.load_check.onnxruntime_load_error`)."""
+    (:func:`~onnx_remat.runtime.load_check.onnxruntime_load_error`).
+
+    With ``defer`` and a ``path``, onnxruntime's load may instead be started in a child process
+    (:func:`~onnx_remat.runtime.load_check.start_load_check`) and returned, pending: the caller
+    settles it (:meth:`LoadedModel.settle_load_check`) before it returns anything. Otherwise None."""
     try:
         check_runtime_support(model, where, shapes=True)
     except ShapeSuspicion as suspicion:
         refused = onnxruntime_load_error(path if path is not None else model)
         if refused is not None:
             raise RematError(f"{suspicion} (onnxruntime: {refused})") from None
-        return
+        return None
     if has_runtime_ops(model) and len(model.graph.node) <= RUNTIME_LOAD_CHECK_MAX_NODES:
         # onnxruntime's own ops (every gradient graph has them) are typed and shape-checked by its
         # load only; ONNX's inference skips them (measured by benchmarks/mutate.py: a retyped
         # accumulation buffer, a FusedMatMul attribute out of range got through the static checks).
+        if defer and path is not None:
+            pending = start_load_check(path, len(model.graph.node))
+            if pending is not None:
+                return pending
         refused = onnxruntime_load_error(path if path is not None else model)
         if refused is not None:
             raise RematError(f"{where}: onnxruntime refuses to load it: {refused}")
+    return None
 
 
-def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
+def load_model(path: str | os.PathLike, *, check: bool = True, defer_load_check: bool = False) -> LoadedModel:
     """Read an ONNX model (file or artifacts directory), with its external data.
 
     Raises :class:`RematError` with one line naming the file when it is missing, not ONNX,
@@ -147,6 +178,8 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
     model's folder), or is a graph onnxruntime 1.19 would refuse
     (:func:`onnx_remat.ortsim.registry.check_runtime_support`). Within an
     :func:`output_session`, every file read becomes an input no output may replace.
+    ``defer_load_check``: onnxruntime's own load may still be running when this returns
+    (:func:`check_loadable`); the caller must settle it (:meth:`LoadedModel.settle_load_check`).
     """
     file, artifacts_dir = find_model_file(path)
     note_input(file)
@@ -179,9 +212,10 @@ def load_model(path: str | os.PathLike, *, check: bool = True) -> LoadedModel:
             onnx.external_data_helper.load_external_data_for_model(model, str(file.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise RematError(f"{file}: its external data cannot be read: {one_line(exc)}") from None
-    if check:
-        check_loadable(model, file, file)
-    return LoadedModel(model=model, path=file, artifacts_dir=artifacts_dir, external_data=external, files=files)
+    pending = check_loadable(model, file, file, defer=defer_load_check) if check else None
+    return LoadedModel(
+        model=model, path=file, artifacts_dir=artifacts_dir, external_data=external, files=files, load_check=pending
+    )
 
 
 def _uses_external_data(model: onnx.ModelProto) -> bool:

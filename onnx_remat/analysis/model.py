@@ -10,6 +10,8 @@ The commands ``apply``, ``scopes``, ``estimate`` and ``viz`` all start from it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import onnx
@@ -39,6 +41,12 @@ class ModelAnalysis:
     scopes: ScopeTree
     sizes: TensorSizes
 
+    def settle_load_check(self) -> None:
+        """Wait for onnxruntime's verdict on the model if it still runs in a child
+        (``analyze_model(defer_load_check=True)``); raise its refusal as a one-line RematError."""
+        if self.source is not None:
+            self.source.settle_load_check()
+
     @property
     def name(self) -> str:
         """How to call this model in messages: its path, or 'model'."""
@@ -48,12 +56,35 @@ class ModelAnalysis:
 
 
 def as_loaded(model: ModelLike) -> LoadedModel | None:
-    """A :class:`LoadedModel` for paths and LoadedModels; None for an in-memory ModelProto."""
+    """A :class:`LoadedModel` for paths and LoadedModels (onnxruntime's load check may still be
+    pending: :meth:`LoadedModel.settle_load_check`); None for an in-memory ModelProto."""
     if isinstance(model, LoadedModel):
         return model
     if isinstance(model, onnx.ModelProto):
         return None
-    return load_model(model)
+    return load_model(model, defer_load_check=True)
+
+
+@contextmanager
+def runtime_judged(source: LoadedModel | ModelAnalysis | None, *, at_end: bool = True) -> Iterator[None]:
+    """Run a block while onnxruntime's load check of ``source``'s model may still run in a child,
+    then settle it: onnxruntime judges what a valid graph is, so its refusal is what the block
+    raises, whatever the block met on the way. ``at_end=False`` settles it only when the block
+    raises (the caller settles it later). An interrupt stops the check. Nothing happens for a
+    check that was settled already or never started."""
+    loaded = source.source if isinstance(source, ModelAnalysis) else source
+    try:
+        yield
+    except KeyboardInterrupt:
+        if loaded is not None:
+            loaded.cancel_load_check()
+        raise
+    except BaseException:
+        if loaded is not None:
+            loaded.settle_load_check()
+        raise
+    if at_end and loaded is not None:
+        loaded.settle_load_check()
 
 
 def analyze_model(
@@ -61,14 +92,30 @@ def analyze_model(
     *,
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     dims: dict[str, int] | None = None,
+    defer_load_check: bool = False,
 ) -> ModelAnalysis:
     """Load ``model`` and analyse it. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
 
     ``eval_model`` supplies scope metadata the training graph lost; by default the
     ``eval_model.onnx`` beside the training graph is used when there is one.
-    Raises :class:`~onnx_remat.errors.RematError` for unreadable or forward-only graphs.
+    Raises :class:`~onnx_remat.errors.RematError` for unreadable or forward-only graphs, and for
+    graphs onnxruntime refuses to load. onnxruntime's load of a model file runs beside the
+    analysis, in a child process where that saves time; with ``defer_load_check`` it may still
+    run when this returns, and the caller settles it (:meth:`ModelAnalysis.settle_load_check`,
+    or a :func:`runtime_judged` block) before returning anything.
     """
     source = as_loaded(model)
+    with runtime_judged(source, at_end=not defer_load_check):
+        return _analyze(model, source, eval_model, dims)
+
+
+def _analyze(
+    model: ModelLike,
+    source: LoadedModel | None,
+    eval_model: str | os.PathLike | onnx.ModelProto | None,
+    dims: dict[str, int] | None,
+) -> ModelAnalysis:
+    """:func:`analyze_model` once the model is read."""
     if source is None:
         assert isinstance(model, onnx.ModelProto)
         proto = model

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
+from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model, runtime_judged
 from onnx_remat.errors import RematError, UsageError
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
@@ -130,13 +130,49 @@ def apply(
     :func:`onnx_remat.remat.cost.node_costs`). ``ApplyResult.budget`` says how; a budget below the
     lowest reachable peak raises a RematError naming that peak.
     """
-    from onnx_remat.memory import check_dims, estimate_emulated
     from onnx_remat.scheduling.accumulate import MODES
 
     if grad_accumulation not in MODES:
         raise RematError(f"gradient accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
     check_dropout_mode(dropout)
-    analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
+    if not isinstance(model, ModelAnalysis):
+        # onnxruntime's load check of the file runs beside the whole command (runtime_judged).
+        model = analyze_model(model, eval_model=eval_model, dims=dims, defer_load_check=True)
+    with runtime_judged(model):
+        return _apply_analysed(
+            model,
+            scopes=scopes,
+            op_types=op_types,
+            nodes=nodes,
+            recompute_outputs=recompute_outputs,
+            check_peak=check_peak,
+            dropout=dropout,
+            dropout_seed=dropout_seed,
+            schedule=schedule,
+            grad_accumulation=grad_accumulation,
+            budget=budget,
+            profile=profile,
+        )
+
+
+def _apply_analysed(
+    analysis: ModelAnalysis,
+    *,
+    scopes: str | Iterable[str] | None,
+    op_types: str | Iterable[str] | None,
+    nodes: str | Iterable[str] | None,
+    recompute_outputs: bool,
+    check_peak: bool,
+    dropout: str,
+    dropout_seed: int,
+    schedule: bool,
+    grad_accumulation: str,
+    budget: int | str | None,
+    profile: str | os.PathLike | dict | None,
+) -> ApplyResult:
+    """:func:`apply` on an analysed graph."""
+    from onnx_remat.memory import check_dims, estimate_emulated
+
     check_not_rewritten(analysis.graph)
     if budget is not None:
         if any(as_list(x) for x in (scopes, op_types)) or nodes or recompute_outputs:

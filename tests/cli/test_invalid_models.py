@@ -217,6 +217,14 @@ def test_validity_is_judged_once_per_command(command, monkeypatch, tmp_path):
 
     monkeypatch.setattr(registry, "check_types_and_shapes", counted("inference", registry.check_types_and_shapes))
     monkeypatch.setattr(model_io, "onnxruntime_load_error", counted("onnxruntime", model_io.onnxruntime_load_error))
+
+    def start(path, nodes):  # onnxruntime's load in a child (where this process has not imported onnxruntime)
+        pending = real_start(path, nodes)
+        calls["onnxruntime"] += pending is not None
+        return pending
+
+    real_start = model_io.start_load_check
+    monkeypatch.setattr(model_io, "start_load_check", start)
     out = str(tmp_path / "out")
     args = [command[0], str(artifacts_dir("fc5")), *(a.replace("OUT", out) for a in command[1:])]
     result = CliRunner().invoke(main, args)
