@@ -57,7 +57,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model
+from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model, runtime_judged
 from onnx_remat.memory import (
     BACKWARD,
     FORWARD,
@@ -201,7 +201,7 @@ def estimate(
         applied = model
         analysis = applied.analysis
     else:
-        analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims)
+        analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, dims=dims, defer_load_check=True)
         if any(_present(x) for x in (scopes, op_types, nodes)):
             applied = apply(
                 analysis,
@@ -211,27 +211,28 @@ def estimate(
                 recompute_outputs=recompute_outputs,
                 dropout=dropout,
             )
-    defaults = runtime_optimizations
-    before = applied.estimate_before if applied is not None and defaults and execution_order is None else None
-    if before is None:
-        before = estimate_original(
-            analysis, execution_order=execution_order, runtime_optimizations=runtime_optimizations
-        )
-    result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
-    if scope_table:
-        result.scopes = scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
-    if applied is not None:
-        after = applied.estimate_after if defaults and after_execution_order is None else None
-        if after is None:
-            after = estimate_rewritten(
-                analysis,
-                applied.model,
-                execution_order=after_execution_order,
-                runtime_optimizations=runtime_optimizations,
+    with runtime_judged(analysis):
+        defaults = runtime_optimizations
+        before = applied.estimate_before if applied is not None and defaults and execution_order is None else None
+        if before is None:
+            before = estimate_original(
+                analysis, execution_order=execution_order, runtime_optimizations=runtime_optimizations
             )
-        _attach(result, applied, after)
-    _add_notes(result)
-    return result
+        result = EstimateResult(model=analysis.name, before=before, dims=dict(analysis.sizes.dims))
+        if scope_table:
+            result.scopes = scope_rows(analysis, before, applied.dropout if applied is not None else dropout)
+        if applied is not None:
+            after = applied.estimate_after if defaults and after_execution_order is None else None
+            if after is None:
+                after = estimate_rewritten(
+                    analysis,
+                    applied.model,
+                    execution_order=after_execution_order,
+                    runtime_optimizations=runtime_optimizations,
+                )
+            _attach(result, applied, after)
+        _add_notes(result)
+        return result
 
 
 def _present(value) -> bool:

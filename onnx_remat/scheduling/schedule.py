@@ -324,23 +324,28 @@ def schedule(
     (:mod:`onnx_remat.estimate`). Nothing is written: call :meth:`ScheduledModel.save`.
     Raises :class:`~onnx_remat.errors.RematError` on bad input and unbound dimensions.
     """
-    from onnx_remat.analysis.model import ModelAnalysis, analyze_model
+    from onnx_remat.analysis.model import ModelAnalysis, analyze_model, runtime_judged
     from onnx_remat.errors import RematError
     from onnx_remat.memory import check_dims, estimate_emulated
     from onnx_remat.ortsim.registry import check_runtime_support
 
     if grad_accumulation not in MODES:
         raise RematError(f"gradient accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
-    analysis = model if isinstance(model, ModelAnalysis) else analyze_model(model, eval_model=eval_model, dims=dims)
-    check_dims(analysis)
-    original = emulate(analysis.model, analysis.sizes)
-    before = estimate_emulated(analysis, original)
-    fixed, workarounds = fix_grouped_conv_grads(analysis.model)
-    given = original if fixed is analysis.model else emulate(fixed, analysis.sizes)
-    result = MemorySchedule(grad_accumulation=grad_accumulation)(given, random_order=original.random_order())
-    if workarounds:
-        result.notes.append(WORKAROUND_NOTE.format(n=len(workarounds)))
-        result.chosen = result.chosen or Candidate("as given", "as written", result.planned_peak_after)
-    after = estimate_emulated(analysis, result.emulation) if result.changed and result.emulation else before
-    check_runtime_support(result.model, "scheduled model")
-    return ScheduledModel(result.model, result, analysis, before, after)
+    analysis = (
+        model
+        if isinstance(model, ModelAnalysis)
+        else analyze_model(model, eval_model=eval_model, dims=dims, defer_load_check=True)
+    )
+    with runtime_judged(analysis):
+        check_dims(analysis)
+        original = emulate(analysis.model, analysis.sizes)
+        before = estimate_emulated(analysis, original)
+        fixed, workarounds = fix_grouped_conv_grads(analysis.model)
+        given = original if fixed is analysis.model else emulate(fixed, analysis.sizes)
+        result = MemorySchedule(grad_accumulation=grad_accumulation)(given, random_order=original.random_order())
+        if workarounds:
+            result.notes.append(WORKAROUND_NOTE.format(n=len(workarounds)))
+            result.chosen = result.chosen or Candidate("as given", "as written", result.planned_peak_after)
+        after = estimate_emulated(analysis, result.emulation) if result.changed and result.emulation else before
+        check_runtime_support(result.model, "scheduled model")
+        return ScheduledModel(result.model, result, analysis, before, after)
