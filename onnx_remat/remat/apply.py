@@ -215,6 +215,9 @@ def _apply_analysed(
         dropout_seed=dropout_seed,
         estimate=before is not None,
     )
+    # The original's emulation is done with (its estimate and draw order are taken): at 10^5 nodes it
+    # holds hundreds of MiB that the rewrite's emulations would otherwise sit on top of.
+    del original
     checked = pipeline.checked(planned(dropout), before)
     if checked.rewrite.packed_masks and checked.estimate is not None and unpacking_at_peak(checked.estimate):
         # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the

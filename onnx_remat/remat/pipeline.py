@@ -54,7 +54,8 @@ class RewritePipeline:
     """The stages after planning, for one analysed training graph.
 
     ``original``: the emulation of the input graph (its random ops' draw order is kept by every
-    rewrite; None when the graph has fewer than two random ops and nothing is estimated).
+    rewrite; None when the graph has fewer than two random ops and nothing is estimated). Only
+    that order is kept: the emulation itself is not held, so the caller can let it go.
     ``schedule`` / ``grad_accumulation``: the order stage's memory schedule
     (:class:`~onnx_remat.scheduling.schedule.MemorySchedule`); ``dropout_seed``: the rewrite's
     (``dropout="seed"``); ``estimate``: whether each result is estimated.
@@ -71,7 +72,6 @@ class RewritePipeline:
         estimate: bool = True,
     ):
         self.analysis = analysis
-        self.original = original
         self.schedule = schedule
         self.grad_accumulation = grad_accumulation
         self.dropout_seed = dropout_seed
