@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import bisect
 import functools
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 
 from onnx_remat.analysis.sizes import dtype_size
 from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
-from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
+from onnx_remat.ortsim.kernels import ALIAS, MAY_INPLACE, VARIADIC_ALIAS, alias_input, inplace_inputs, op_key
 
 ALIGNMENT = 256
 
@@ -165,123 +167,211 @@ class _Block:
 def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
     """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``."""
     nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
-    tensors = _reuse_plan(rg, nodes)
-    release_at = _release_plan(nodes, tensors)
-    return _memory_pattern(rg, nodes, list(order), tensors, release_at)
+    tensors, walk = _reuse_plan(rg, nodes)
+    if walk is None:
+        walk = _walk_final_plan(nodes, tensors)
+    release_at = _release_plan(tensors, walk.reads)
+    return _memory_pattern(rg, list(order), len(nodes), tensors, walk.allocated, release_at)
+
+
+@dataclass
+class _Walk:
+    """What the release plan and the memory pattern need from the walk over the order, by step."""
+
+    reads: dict[str, int] = field(default_factory=dict)  # buffer -> last step reading it, in first-read order
+    allocated: dict[int, list[TensorPlan]] = field(default_factory=dict)  # step -> its outputs' own buffers
 
 
 def _use_counts(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> dict[str, int]:
     """``ComputeReuseCount``: one use per graph input, initializer, reader, producer and graph output."""
-    use: dict[str, int] = {}
-    every = [*rg.graph_inputs, *rg.initializers, *rg.graph_outputs]
-    every += [t for n in nodes for t in (*n.inputs, *n.outputs) if t]
-    for t in every:
-        use[t] = use.get(t, 0) + 1
-    return use
+    # Counter counts in C; in a node's lists the empty name is an absent optional input or output
+    use = Counter(chain(rg.graph_inputs, rg.initializers, rg.graph_outputs))
+    use.update(filter(None, chain.from_iterable(chain(n.inputs, n.outputs) for n in nodes)))
+    return dict(use)
 
 
 class _ShapeKeys:
-    """The (element size, static shape) a buffer is reused by, and the freed buffers per key."""
+    """The (element size, static shape) a buffer is reused by, and the freed buffers per key.
+
+    Each distinct key gets a number once per plan and each tensor its key's number (-1: none), so
+    the reuse plan's many asks per tensor are dict lookups, not a tuple built and hashed anew."""
 
     def __init__(self, sizes) -> None:
         self.sizes = sizes
-        self.free: dict[tuple, list[tuple[int, str]]] = {}
-        self.seq = 0
+        self.of: dict[str, int] = {}  # tensor -> key number
+        self.numbers: dict[tuple, int] = {}  # key -> its number
+        self.declared: dict[tuple, int] = {}  # (element type, dims) -> its key's number
+        # per key number: freed buffers, most recently freed last; None for a scalar shape, whose
+        # buffers onnxruntime never reuses this way
+        self.free: list[list[str] | None] = []
 
-    def key(self, t: str) -> tuple | None:
+    def key(self, t: str) -> int:
+        k = self.of.get(t)
+        if k is None:
+            k = self.of[t] = self._number(t)
+        return k
+
+    def _number(self, t: str) -> int:
         declared = self.sizes.declared_type_and_dims(t)
         if declared is None:
-            return None
-        return (_element_size(declared[0]), declared[1])
+            return -1
+        k = self.declared.get(declared)
+        if k is None:
+            # element types of one size (float and int32, ...) share the key
+            key = (_element_size(declared[0]), declared[1])
+            k = self.numbers.get(key)
+            if k is None:
+                k = self.numbers[key] = len(self.free)
+                self.free.append([] if len(key[1]) > 0 else None)
+            self.declared[declared] = k
+        return k
+
+    def same_shape(self, x: str, o: str) -> bool:
+        """``x`` and ``o`` have the same static shape and element size (scalars included)."""
+        k = self.key(x)
+        return k >= 0 and k == self.key(o)
 
     def push(self, buf: str) -> None:
-        self.seq += 1
-        key = self.key(buf)
-        if key is not None and len(key[1]) > 0:
-            self.free.setdefault(key, []).append((self.seq, buf))
+        k = self.of.get(buf)
+        if k is None:
+            k = self.key(buf)
+        stack = self.free[k] if k >= 0 else None
+        if stack is not None:
+            stack.append(buf)
 
     def pop(self, t: str) -> str | None:
         """The most recently freed buffer of ``t``'s exact shape, if any."""
-        key = self.key(t)
-        stack = self.free.get(key) if key is not None and len(key[1]) > 0 else None
-        return stack.pop()[1] if stack else None
+        k = self.of.get(t)
+        if k is None:
+            k = self.key(t)
+        stack = self.free[k] if k >= 0 else None
+        return stack.pop() if stack else None
 
 
-def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> dict[str, TensorPlan]:
-    """``ComputeSingleStreamReusePlan``: where each tensor lives (module docstring, step 1)."""
-    sizes = rg.sizes
+def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, TensorPlan], _Walk | None]:
+    """``ComputeSingleStreamReusePlan``: where each tensor lives (module docstring, step 1).
+
+    Also returns the buffers' reads and allocations as the walk saw them, which saves the later
+    steps a walk of their own; None when those may differ from the final plan's (some tensor read
+    before it is planned, or planned twice: an order or a graph onnxruntime would reject)."""
+    nbytes = rg.sizes.nbytes
     graph_outputs = set(rg.graph_outputs)
     use = _use_counts(rg, nodes)
-    tensors: dict[str, TensorPlan] = {t: TensorPlan(t, "input", t, sizes.nbytes(t)) for t in rg.graph_inputs}
+    tensors: dict[str, TensorPlan] = {t: TensorPlan(t, "input", t, nbytes(t)) for t in rg.graph_inputs}
     for t in rg.initializers:
-        tensors.setdefault(t, TensorPlan(t, "initializer", t, sizes.nbytes(t)))
-    keys = _ShapeKeys(sizes)
-
-    def buffer_of(t: str) -> str:
-        p = tensors.get(t)
-        return p.buffer if p is not None else t
+        tensors.setdefault(t, TensorPlan(t, "initializer", t, nbytes(t)))
+    keys = _ShapeKeys(rg.sizes)
+    # tensor -> the tensor owning its buffer, for tensors in another's (``tensors[t].buffer``), kept
+    # beside ``tensors`` because it is asked for every input and output of every node. Every buffer
+    # named is a key of ``use``: a node's tensor, or one a freed buffer's use count was kept under.
+    buffer: dict[str, str] = {}
+    shares: dict[tuple[str, str], bool] = {}  # (domain, op) -> the kernel declares an alias or in-place pair
+    walk = _Walk()
+    reads = walk.reads
+    planned_once = True  # every tensor is planned once, before it is read
 
     for step, n in enumerate(nodes):
+        op = (n.domain, n.op)
+        may_share = shares.get(op)
+        if may_share is None:
+            may_share = shares[op] = _kernel_shares(*op)
         for k, o in enumerate(n.outputs):
             if not o:
                 continue
+            if o in tensors or o in reads:
+                planned_once = False
+                buffer.pop(o, None)  # planned again: where it lived before no longer counts
             if o in graph_outputs:
-                tensors[o] = TensorPlan(o, "output", o, sizes.nbytes(o), alloc_step=step)
+                tensors[o] = TensorPlan(o, "output", o, nbytes(o), False, step)
                 continue
-            src, kind = None, "allocate"
-            a = alias_input(n.domain, n.op, k, len(n.inputs))
-            if a is not None and n.inputs[a]:
-                src, kind = n.inputs[a], "alias"
-            else:
-                for a in inplace_inputs(n.domain, n.op, k, len(n.inputs)):
-                    x = n.inputs[a]
-                    same_shape = keys.key(x) is not None and keys.key(x) == keys.key(o)
-                    if x and use.get(buffer_of(x), 0) == 1 and same_shape:
-                        src, kind = x, "inplace"
-                        break
-            if src is None and use.get(o, 0) > 1:
+            src, kind = _shared_input(n, k, o, use, buffer, keys) if may_share else (None, "allocate")
+            if src is None and use[o] > 1:
                 # An output nothing reads never takes a freed buffer: onnxruntime 1.19's planner
                 # allocates it anew (microsoft/onnxruntime#21019: its buffer would be released before
                 # it is written). It still may work in place or alias, and others may reuse it.
                 src = keys.pop(o)
                 kind = "reuse" if src is not None else kind
             if src is not None:
-                buf = buffer_of(src)
-                tensors[o] = TensorPlan(o, kind, buf, sizes.nbytes(o), alloc_step=step)
-                use[buf] = use.get(buf, 0) + use.get(o, 0)
+                buf = buffer.get(src, src)
+                tensors[o] = TensorPlan(o, kind, buf, nbytes(o), False, step)
+                buffer[o] = buf
+                use[buf] += use[o]
             else:
-                tensors[o] = TensorPlan(o, "allocate", o, sizes.nbytes(o), alloc_step=step)
-        for t in (*n.inputs, *n.outputs):
+                p = tensors[o] = TensorPlan(o, "allocate", o, nbytes(o), False, step)
+                walk.allocated.setdefault(step, []).append(p)
+        # one use of each input's and output's buffer is spent; a buffer with none left is free
+        for t in n.inputs:
             if t:
-                buf = buffer_of(t)
-                use[buf] = use.get(buf, 0) - 1
-                if use[buf] == 0:
+                buf = buffer.get(t, t)
+                reads[buf] = step
+                left = use[buf] = use[buf] - 1
+                if left == 0:
                     keys.push(buf)
-    return tensors
+        for t in n.outputs:
+            if t:
+                buf = buffer.get(t, t)
+                left = use[buf] = use[buf] - 1
+                if left == 0:
+                    keys.push(buf)
+    return tensors, walk if planned_once else None
 
 
-def _release_plan(nodes: list[RuntimeNode], tensors: dict[str, TensorPlan]) -> dict[int, list[str]]:
-    """``GenerateDeallocationPlan``: a buffer is released after the last reader of any tensor sharing
-    it; returns step -> buffers released there (and sets each buffer's ``release_step``)."""
-    last_reader: dict[str, int] = {}
+def _kernel_shares(domain: str, op: str) -> bool:
+    """The op's kernel declares some Alias, VariadicAlias or MayInplace pair (most declare none)."""
+    key = op_key(domain, op)
+    return key in ALIAS or key in VARIADIC_ALIAS or key in MAY_INPLACE
+
+
+def _shared_input(
+    n: RuntimeNode, k: int, o: str, use: dict[str, int], buffer: dict[str, str], keys: _ShapeKeys
+) -> tuple[str | None, str]:
+    """The input whose buffer output ``k`` (``o``) of ``n`` takes by Alias or MayInplace, and how."""
+    inputs = n.inputs
+    a = alias_input(n.domain, n.op, k, len(inputs))
+    if a is not None and inputs[a]:
+        return inputs[a], "alias"
+    for a in inplace_inputs(n.domain, n.op, k, len(inputs)):
+        x = inputs[a]
+        if x and use[buffer.get(x, x)] == 1 and keys.same_shape(x, o):
+            return x, "inplace"
+    return None, "allocate"
+
+
+def _walk_final_plan(nodes: list[RuntimeNode], tensors: dict[str, TensorPlan]) -> _Walk:
+    """The buffers' reads and allocations by step, from the final plan."""
+    walk = _Walk()
     for step, n in enumerate(nodes):
         for t in n.inputs:
             p = tensors.get(t) if t else None
-            buf = tensors.get(p.buffer) if p is not None else None
-            if buf is not None and buf.kind == "allocate":
-                last_reader[buf.name] = step
+            if p is not None:
+                walk.reads[p.buffer] = step
+        for o in n.outputs:
+            p = tensors.get(o) if o else None
+            if p is not None and p.kind == "allocate":
+                walk.allocated.setdefault(step, []).append(p)
+    return walk
+
+
+def _release_plan(tensors: dict[str, TensorPlan], reads: dict[str, int]) -> dict[int, list[str]]:
+    """``GenerateDeallocationPlan``: a buffer is released after the last reader of any tensor sharing
+    it; returns step -> buffers released there (and sets each buffer's ``release_step``).
+
+    ``reads``: buffer -> the last step reading a tensor in it, in the order first read."""
     release_at: dict[int, list[str]] = {}
-    for name, step in last_reader.items():
-        tensors[name].release_step = step
-        release_at.setdefault(step, []).append(name)
+    for name, step in reads.items():
+        p = tensors.get(name)
+        if p is not None and p.kind == "allocate":
+            p.release_step = step
+            release_at.setdefault(step, []).append(name)
     return release_at
 
 
 def _memory_pattern(
     rg: RuntimeGraph,
-    nodes: list[RuntimeNode],
     order: list[int],
+    steps: int,
     tensors: dict[str, TensorPlan],
+    allocated: dict[int, list[TensorPlan]],
     release_at: dict[int, list[str]],
 ) -> MemoryPlan:
     """``MemPatternPlanner`` with program counters: place each statically sized buffer in one block."""
@@ -297,36 +387,41 @@ def _memory_pattern(
     peak_live = -1
     peak_live_step = 0
     block_peak_step = 0
-    for step, n in enumerate(nodes):
-        for o in n.outputs:
-            p = tensors.get(o) if o else None
-            if p is None or p.kind != "allocate":
-                continue
-            if sizes.declared(o) and p.nbytes is not None and not sizes.unbound_symbols([o]):
-                if p.nbytes == 0:
+    for step in range(steps):
+        for p in allocated.get(step, ()):
+            o = p.name
+            size = p.nbytes
+            if size is None:
+                unknown.append(o)
+            elif sizes.declared(o):
+                # a size is known only when every symbolic dimension is bound (TensorSizes.nbytes),
+                # so a declared shape with a size has no unbound symbols
+                if size == 0:
                     continue
                 before = block.buffer_size
-                p.offset = block.allocate(align(p.nbytes))
+                p.offset = block.allocate(align(size))
                 p.planned = True
                 if block.buffer_size > before:
                     block_peak_step = step
-            elif p.nbytes is not None:
-                dynamic.append(o)
-                dyn_live += p.nbytes
-                if p.release_step is not None:
-                    dyn_release[p.release_step] = dyn_release.get(p.release_step, 0) + p.nbytes
             else:
-                unknown.append(o)
-        live_bytes.append(block.live)
+                dynamic.append(o)
+                dyn_live += size
+                if p.release_step is not None:
+                    dyn_release[p.release_step] = dyn_release.get(p.release_step, 0) + size
+        live = block.live
+        live_bytes.append(live)
         block_bytes.append(block.buffer_size)
         dynamic_bytes.append(dyn_live)
-        if block.live > peak_live:
-            peak_live, peak_live_step = block.live, step
-        for buf in release_at.get(step, ()):
-            p = tensors[buf]
-            if p.planned and p.offset is not None:
-                block.free(p.offset)
-        dyn_live -= dyn_release.pop(step, 0)
+        if live > peak_live:
+            peak_live, peak_live_step = live, step
+        released = release_at.get(step)
+        if released is not None:
+            for buf in released:
+                p = tensors[buf]
+                if p.planned and p.offset is not None:
+                    block.free(p.offset)
+        if dyn_release:
+            dyn_live -= dyn_release.pop(step, 0)
     return MemoryPlan(
         order=order,
         live_bytes=live_bytes,
