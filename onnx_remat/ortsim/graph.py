@@ -7,6 +7,7 @@ initializers); new nodes get the next free index and removed ones leave holes, a
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from onnx.external_data_helper import uses_external_data
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.conventions import RANDOM_OPS
@@ -23,6 +25,18 @@ FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 # Nodes common-subexpression elimination never merges and constant folding never evaluates: the
 # random ops, and DropoutGrad, which (like Dropout) onnxruntime treats as not deterministic.
 NOT_MERGED = RANDOM_OPS | {"DropoutGrad"}
+_INT64_MAX = 2**63 - 1
+_SHAPE_OPS = frozenset({("", "Shape"), ("", "Size")})  # run right after their input's producer
+
+
+def element_count(dims: Iterable[int]) -> int:
+    """``int(np.prod(dims, dtype=np.int64))``, computed without numpy (asked once per initializer,
+    where numpy's per-call overhead dominated); numpy's wrapped value where int64 overflows."""
+    dims = list(dims)
+    count = math.prod(dims)
+    if -_INT64_MAX <= count <= _INT64_MAX:
+        return count
+    return int(np.prod(dims, dtype=np.int64))
 
 
 @dataclass(eq=False)
@@ -64,9 +78,15 @@ class RuntimeGraph:
     # counted in ``rewrites`` (or adds a node), so an unchanged count means an unchanged graph. The
     # fixed-point loops ask for the order once per pass, and most passes change nothing.
     _order: tuple[tuple[int, int], list[int]] | None = field(default=None, repr=False)
+    # Live nodes per (domain, op), kept by add / remove: a pass asks has_op before each run.
+    _op_counts: Counter = field(default_factory=Counter, repr=False)
+    # Counts every edit made through the methods below (and the passes' own edits of inputs and
+    # outputs): the optimizer skips a pass that changed nothing when nothing changed since.
+    edits: int = field(default=0, repr=False)
 
     def __post_init__(self) -> None:
         self.graph_output_set = set(self.graph_outputs)
+        self._op_counts = Counter((n.domain, n.op) for n in self.nodes if n is not None)
 
     # -- structure --------------------------------------------------------------------------
 
@@ -82,16 +102,25 @@ class RuntimeGraph:
     def reindex(self) -> None:
         """Rebuild the producer / consumer maps (one entry per input occurrence)."""
         self._order = None
-        self.producer = {}
-        self.consumers = {}
+        self.edits += 1
+        producer: dict[str, int] = {}
+        consumers: dict[str, list[int]] = {}
+        self.producer, self.consumers = producer, consumers
         self._prods = {}
-        for n in self.live():
+        live = self.live()
+        self._op_counts = Counter((n.domain, n.op) for n in live)
+        for n in live:
+            index = n.index
             for o in n.outputs:
                 if o:
-                    self.producer[o] = n.index
+                    producer[o] = index
             for t in n.inputs:
                 if t:
-                    self.consumers.setdefault(t, []).append(n.index)
+                    readers = consumers.get(t)
+                    if readers is None:
+                        consumers[t] = [index]
+                    else:
+                        readers.append(index)
 
     def producers_of(self, node: RuntimeNode) -> list[int]:
         """Indices of the nodes feeding ``node``, one per input edge."""
@@ -124,8 +153,8 @@ class RuntimeGraph:
 
     def has_op(self, *keys: tuple[str, str]) -> bool:
         """True if some live node has one of the (domain, op) ``keys``."""
-        wanted = set(keys)
-        return any(n is not None and (n.domain, n.op) in wanted for n in self.nodes)
+        counts = self._op_counts
+        return any(counts[key] > 0 for key in keys)
 
     def is_constant(self, tensor: str) -> bool:
         return tensor in self.constants
@@ -134,6 +163,9 @@ class RuntimeGraph:
 
     def remove(self, node: RuntimeNode) -> None:
         self._order = None
+        self.edits += 1
+        if self.nodes[node.index] is node:  # not counted twice if removed twice
+            self._op_counts[(node.domain, node.op)] -= 1
         self.nodes[node.index] = None
         self._prods.pop(node.index, None)
         self._touch_readers(o for o in node.outputs if o)
@@ -151,6 +183,8 @@ class RuntimeGraph:
     ) -> RuntimeNode:
         node = RuntimeNode(len(self.nodes), name, op, domain, list(inputs), list(outputs), dict(attrs), tuple(origin))
         self.nodes.append(node)
+        self.edits += 1
+        self._op_counts[(domain, op)] += 1
         self._touch_readers(o for o in node.outputs if o)
         for o in node.outputs:
             if o:
@@ -162,6 +196,7 @@ class RuntimeGraph:
 
     def replace_input(self, node: RuntimeNode, old: str, new: str) -> None:
         self._order = None
+        self.edits += 1
         self._prods.pop(node.index, None)
         for k, t in enumerate(node.inputs):
             if t == old:
@@ -194,16 +229,20 @@ class RuntimeGraph:
         has_consumer: set[int] = set()
         indices: list[int] = []
         follow: dict[int, int] = {}
+        cached, producer = self._prods, self.producer
         for n in self.nodes:
             if n is None:
                 continue
-            indices.append(n.index)
-            ps = self.producers_of(n)
+            index = n.index
+            indices.append(index)
+            ps = cached.get(index)  # producers_of, inlined: asked for every node of every order
+            if ps is None:
+                ps = cached[index] = [producer[t] for t in n.inputs if t in producer]
             if ps:
-                producers[n.index] = ps
+                producers[index] = ps
                 has_consumer.update(ps)
-                if n.key in (("", "Shape"), ("", "Size")):
-                    follow[n.index] = ps[0]
+                if (n.domain, n.op) in _SHAPE_OPS:
+                    follow[index] = ps[0]
         return default_order(indices, producers, has_consumer, follow)
 
     def priority_order(self) -> list[int]:
@@ -212,9 +251,24 @@ class RuntimeGraph:
         return priority_order([n.index for n in live], producers, {n.index: n.op for n in live})
 
 
+_INT, _FLOAT, _INTS = onnx.AttributeProto.INT, onnx.AttributeProto.FLOAT, onnx.AttributeProto.INTS
+
+
 def node_attrs(proto: onnx.NodeProto) -> dict:
-    """A node's attributes as Python values."""
-    return {a.name: helper.get_attribute_value(a) for a in proto.attribute}
+    """A node's attributes as Python values (``helper.get_attribute_value``; the common scalar and
+    integer-list types read directly, since every node of every emulated graph is read)."""
+    attrs = {}
+    for a in proto.attribute:
+        kind = a.type
+        if kind == _INT and not a.ref_attr_name:
+            attrs[a.name] = a.i
+        elif kind == _FLOAT and not a.ref_attr_name:
+            attrs[a.name] = a.f
+        elif kind == _INTS and not a.ref_attr_name:
+            attrs[a.name] = list(a.ints)
+        else:
+            attrs[a.name] = helper.get_attribute_value(a)
+    return attrs
 
 
 def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 64) -> RuntimeGraph:
@@ -224,15 +278,18 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
     input_set = set(inputs)
     inits: dict[str, onnx.TensorProto] = {}
     for t in g.initializer:
-        if int(np.prod(t.dims, dtype=np.int64)) <= max_constant_elements and not t.external_data:
+        if element_count(t.dims) <= max_constant_elements and not t.external_data:
             inits[t.name] = t
         else:
             stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
             inits[t.name] = stub
     nodes: list[RuntimeNode | None] = []
     for proto in g.node:
-        domain = "" if proto.domain in ("", "ai.onnx") else proto.domain
-        if proto.op_type == "Constant" and domain == "" and len(proto.output) == 1:
+        domain = proto.domain
+        if domain == "ai.onnx":
+            domain = ""
+        op = proto.op_type
+        if op == "Constant" and domain == "" and len(proto.output) == 1:
             value = next(
                 (a.t for a in proto.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None
             )
@@ -246,7 +303,7 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
             RuntimeNode(
                 len(nodes),
                 proto.name,
-                proto.op_type,
+                op,
                 domain,
                 list(proto.input),
                 list(proto.output),
@@ -275,13 +332,28 @@ def constant_value(rg: RuntimeGraph, name: str) -> np.ndarray | None:
     return value
 
 
+# Element types whose values ``numpy_helper.to_array`` reads from a typed field (when the tensor
+# has no raw or external data) as ``np.asarray(field, dtype)``: read here the same way, from a list
+# (several times faster; ConstantSharing reads every small initializer).
+_TYPED_FIELDS: dict[int, tuple[str, type]] = {
+    onnx.TensorProto.INT64: ("int64_data", np.int64),
+    onnx.TensorProto.FLOAT: ("float_data", np.float32),
+    onnx.TensorProto.INT32: ("int32_data", np.int32),
+    onnx.TensorProto.DOUBLE: ("double_data", np.float64),
+}
+
+
 def _read_constant(rg: RuntimeGraph, name: str) -> np.ndarray | None:
     t = rg.initializers.get(name)
     if t is None:
         return None
-    if not (t.raw_data or t.float_data or t.int64_data or t.int32_data or t.double_data) and int(np.prod(t.dims)) != 0:
+    if not (t.raw_data or t.float_data or t.int64_data or t.int32_data or t.double_data) and element_count(t.dims) != 0:
         return None
     try:
+        typed = _TYPED_FIELDS.get(t.data_type)
+        if typed is not None and not (t.HasField("raw_data") or t.HasField("segment") or uses_external_data(t)):
+            field_name, dtype = typed
+            return np.array(list(getattr(t, field_name)), dtype=dtype).reshape(tuple(t.dims))
         return numpy_helper.to_array(t)
     except Exception:
         return None

@@ -75,15 +75,23 @@ def optimize(
 ) -> RuntimeGraph:
     """Apply the emulated level-1 and level-2 rewrites to ``rg`` in place; returns it.
 
-    A pass whose op types do not occur in the graph is skipped (it would change nothing); each
-    pass that runs walks the graph's current DEFAULT order, as onnxruntime's do.
+    A pass whose op types do not occur in the graph is skipped (it would change nothing), and so
+    is a pass that changed nothing when the graph has not changed since (it would change nothing
+    again: a pass is a function of the graph); each pass that runs walks the graph's current
+    DEFAULT order, as onnxruntime's do.
     """
     for passes in levels:
+        idle_at: dict[int, int] = {}  # pass position -> rg.edits when it last ran and changed nothing
         for _ in range(max_steps):
             changed = False
-            for p in passes:
-                if p.applies(rg):
-                    changed |= p.apply(rg)
+            for k, p in enumerate(passes):
+                if idle_at.get(k) == rg.edits or not p.applies(rg):
+                    continue
+                before = rg.edits
+                if p.apply(rg):
+                    changed = True
+                elif rg.edits == before:
+                    idle_at[k] = before
             if not changed:
                 break
     return rg

@@ -22,14 +22,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
 from onnx_remat.analysis.sizes import Dim, TensorSizes
 from onnx_remat.graph.conventions import MS_DOMAIN as MS
 from onnx_remat.graph.toposort import index_order
-from onnx_remat.ortsim.graph import node_attrs
+from onnx_remat.ortsim.graph import element_count, node_attrs
 
 Shape = tuple[Dim, ...]
 # A rule gets (input shapes, input element types, attributes) and returns per output
@@ -226,12 +225,13 @@ def infer_runtime_shapes(
 ) -> RuntimeShapeReport:
     """Infer the shapes onnxruntime would know and add them to ``sizes`` (see the module docstring)."""
     nodes = list(model.graph.node)
-    inference = _NodeInference(model, sizes, _small_constants(model.graph, nodes, max_constant_elements))
+    inference = _NodeInference(model, sizes, lambda: _small_constants(model.graph, nodes, max_constant_elements))
     report = inference.report
-    for i in index_order([n.input for n in nodes], [n.output for n in nodes]):
+    declared = sizes.declared
+    for i in _topological_order(nodes):
         node = nodes[i]
         outs = [o for o in node.output if o]
-        if not outs or all(sizes.declared(o) for o in outs):
+        if not outs or all(declared(o) for o in outs):
             continue
         inference.infer(node)
         for o in outs:
@@ -240,12 +240,31 @@ def infer_runtime_shapes(
     return report
 
 
+def _topological_order(nodes: list[onnx.NodeProto]) -> Sequence[int]:
+    """``index_order`` of the nodes: their positions as they are when already sorted (ONNX asks
+    models to be, and every graph met is; checked in one pass), else the sorted positions."""
+    producer: dict[str, int] = {}
+    outputs = [node.output for node in nodes]
+    for i, outs in enumerate(outputs):
+        for o in outs:
+            if o:
+                producer[o] = i
+    # As index_order counts them: the last writer of a name produces it, a node's own outputs
+    # do not feed it. Sorted when every input comes from an earlier node.
+    for i, node in enumerate(nodes):
+        for t in node.input:
+            p = producer.get(t, -1)
+            if p > i:
+                return index_order([n.input for n in nodes], outputs)
+    return range(len(nodes))
+
+
 def _small_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], max_elements: int) -> dict[str, TensorProto]:
     """The values onnx's inference may read (a Reshape's shape, ...): initializers of at most
     ``max_elements`` elements, then the value of every ``Constant`` node (named by its output)."""
     constants: dict[str, TensorProto] = {}
     for init in graph.initializer:
-        if int(np.prod(init.dims, dtype=np.int64)) <= max_elements:
+        if element_count(init.dims) <= max_elements:
             constants[init.name] = init
     for n in nodes:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and n.output:
@@ -262,13 +281,23 @@ class _NodeInference:
     """The output shapes of one node at a time, added to ``sizes`` as they are inferred: by a rule
     of :data:`RULES` (onnxruntime's own schemas) or by onnx's inference of the node alone."""
 
-    def __init__(self, model: onnx.ModelProto, sizes: TensorSizes, constants: dict[str, TensorProto]):
+    def __init__(
+        self, model: onnx.ModelProto, sizes: TensorSizes, constants: Callable[[], dict[str, TensorProto]]
+    ) -> None:
         opsets = {op.domain or "": op.version for op in model.opset_import}
         self.default_opset = opsets.get("", opsets.get("ai.onnx", 17))
         self.sizes = sizes
-        self.constants = constants
+        self._read_constants = constants  # read when onnx's inference first needs them: most graphs never do
+        self._constants: dict[str, TensorProto] | None = None
         self.report = RuntimeShapeReport()
         self.schema_cache: dict[tuple[str, str], onnx.defs.OpSchema | None] = {}
+
+    @property
+    def constants(self) -> dict[str, TensorProto]:
+        """The values onnx's inference may read (see :func:`_small_constants`), read once."""
+        if self._constants is None:
+            self._constants = self._read_constants()
+        return self._constants
 
     def known(self, name: str) -> tuple[int | None, Shape | None]:
         """The element type and, where onnxruntime would know it, the shape of tensor ``name``."""

@@ -48,15 +48,21 @@ class RuleBasedTransformer(GraphPass):
         self.name = name
         self.rules = list(rules)
         self.ops = tuple(sorted({key for r in self.rules for key in r.ops}))
+        # The rules of each op type, in their order: most nodes have none.
+        self.rules_of: dict[tuple[str, str], list[NodeRule]] = {
+            key: [r for r in self.rules if key in r.ops] for key in self.ops
+        }
 
     def apply(self, rg: RuntimeGraph) -> bool:
         changed = False
+        rules_of = self.rules_of
+        nodes = rg.nodes
         for i in rg.default_order():
-            node = rg.nodes[i]
+            node = nodes[i]
             if node is None:
                 continue
-            for rule in self.rules:
-                if node.key in rule.ops and rule.apply(rg, node):
+            for rule in rules_of.get((node.domain, node.op), ()):
+                if rule.apply(rg, node):
                     changed = True
                     break  # the node may be gone; the next walk sees what the rule made
         return changed

@@ -9,7 +9,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx_remat.graph.conventions import MS_DOMAIN as MS
-from onnx_remat.ortsim.graph import NOT_MERGED, RuntimeGraph, RuntimeNode, constant_value
+from onnx_remat.ortsim.graph import NOT_MERGED, RuntimeGraph, RuntimeNode, constant_value, element_count
 from onnx_remat.ortsim.rewrites.base import GraphPass
 
 # ConstantSharing's limits in onnxruntime 1.19 (measured: two Reshapes of one tensor by equal
@@ -42,6 +42,8 @@ def _constant_sharing(rg: RuntimeGraph) -> bool:
         t = rg.initializers.get(name)
         if t is None or t.data_type not in _SHARED_TYPES or len(t.dims) > 1:
             continue
+        if element_count(t.dims) > _SHARED_MAX_ELEMENTS:
+            continue  # its value would have that many elements: not read
         value = constant_value(rg, name)
         if value is None or value.size > _SHARED_MAX_ELEMENTS:
             continue
@@ -59,11 +61,18 @@ def _constant_folding(rg: RuntimeGraph) -> bool:
     """``ConstantFolding``: nodes whose inputs are all constant become initializers; so does the
     ``Shape`` of a tensor whose shape is fully static."""
     changed = False
+    nodes, constants = rg.nodes, rg.constants
     for i in rg.default_order():
-        node = rg.nodes[i]
-        if node is None or node.op in NOT_MERGED or rg.produces_graph_output(node):
+        node = nodes[i]
+        if node is None:
             continue
-        if node.key == ("", "Shape"):
+        is_shape = node.op == "Shape" and node.domain == ""
+        first = node.inputs[0] if node.inputs else ""
+        if not is_shape and first and first not in constants:
+            continue  # the common case, tested first: an input is computed
+        if node.op in NOT_MERGED or rg.produces_graph_output(node):
+            continue
+        if is_shape:
             src = node.inputs[0]
             dims = rg.sizes.raw_dims(src) if rg.sizes.declared(src) else None
             if dims is None or any(not isinstance(d, int) or d <= 0 for d in dims):

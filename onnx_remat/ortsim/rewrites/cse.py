@@ -12,10 +12,11 @@ def _cse(rg: RuntimeGraph) -> bool:
     attributes, inputs) is dropped and its readers read the earlier node's outputs."""
     seen: dict[tuple, RuntimeNode] = {}
     changed = False
+    nodes, graph_outputs = rg.nodes, rg.graph_output_set
     for i in rg.default_order():
-        node = rg.nodes[i]
-        if node is None or node.op in NOT_MERGED or rg.produces_graph_output(node):
-            continue
+        node = nodes[i]
+        if node is None or node.op in NOT_MERGED or not graph_outputs.isdisjoint(node.outputs):
+            continue  # (the last: rg.produces_graph_output, inlined)
         try:
             key = (node.domain, node.op, tuple(node.inputs), len(node.outputs), _attr_key(node.attrs))
         except TypeError:
@@ -36,16 +37,29 @@ def _cse(rg: RuntimeGraph) -> bool:
     return changed
 
 
+# Attribute values that are their own key (most are): asked for every node of every pass.
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+
+
 def _attr_key(attrs: dict) -> tuple:
+    if not attrs:
+        return ()
     out = []
     for k in sorted(attrs):
         v = attrs[k]
-        if isinstance(v, (list, tuple)):
-            v = tuple(x.SerializeToString() if hasattr(x, "SerializeToString") else x for x in v)
-        elif hasattr(v, "SerializeToString"):
-            v = v.SerializeToString()
+        if type(v) not in _PLAIN:
+            v = _value_key(v)
         out.append((k, v))
     return tuple(out)
+
+
+def _value_key(v: object) -> object:
+    """An attribute value as a hashable key: protos (and lists of them) by their serialization."""
+    if isinstance(v, (list, tuple)):
+        return tuple(x.SerializeToString() if hasattr(x, "SerializeToString") else x for x in v)
+    if hasattr(v, "SerializeToString"):
+        return v.SerializeToString()
+    return v
 
 
 class CommonSubexpressionElimination(GraphPass):

@@ -30,7 +30,7 @@ def _eliminate_identity(rg: RuntimeGraph, node: RuntimeNode, rule: str = "Elimin
     prod = rg.node_of(src)
     if prod is None or src in rg.graph_output_set or len(rg.consumers.get(src, ())) != 1:
         return False
-    rg.remove(node)
+    rg.remove(node)  # counts as an edit (rg.edits) for the output moved below too
     k = prod.outputs.index(src)
     prod.outputs[k] = out
     rg._touch_readers([src, out])

@@ -276,6 +276,7 @@ class _Pusher:
         if old == new:
             return
         rg = self.rg
+        rg.edits += 1
         rg._prods.pop(node.index, None)
         node.inputs[k] = new
         lst = rg.consumers.get(old)
@@ -292,6 +293,7 @@ class _Pusher:
         """onnxruntime's MoveOutput: ``dst`` takes over output ``k`` of ``src`` (its name and readers);
         ``src`` gets a new output name."""
         rg = self.rg
+        rg.edits += 1
         name = src.outputs[k]
         new = self.new_name(name.rsplit("/", 1)[-1] or "out")
         src.outputs[k] = new
