@@ -225,7 +225,6 @@ class RuntimeGraph:
         return list(order)
 
     def _default_order(self) -> list[int]:
-        producers: dict[int, list[int]] = {}
         has_consumer: set[int] = set()
         indices: list[int] = []
         follow: dict[int, int] = {}
@@ -239,11 +238,11 @@ class RuntimeGraph:
             if ps is None:
                 ps = cached[index] = [producer[t] for t in n.inputs if t in producer]
             if ps:
-                producers[index] = ps
                 has_consumer.update(ps)
                 if (n.domain, n.op) in _SHAPE_OPS:
                     follow[index] = ps[0]
-        return default_order(indices, producers, has_consumer, follow)
+        # The cache now holds every live node's producers (and no removed node's).
+        return default_order(indices, cached, has_consumer, follow)
 
     def priority_order(self) -> list[int]:
         live = self.live()

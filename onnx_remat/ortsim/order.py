@@ -49,24 +49,26 @@ def default_order(
     visited = bytearray(size)
     stack: list[int] = [i for i in indices if i not in has_consumer]  # ~i marks "leave"
     order: list[int] = []
-    push = stack.append
-    pop = stack.pop
+    push, pop, emit, producers_of = stack.append, stack.pop, order.append, producers.get
     while stack:
         node = pop()
         if node < 0:
-            order.append(~node)
+            emit(~node)
             continue
         if visited[node]:
             continue
         visited[node] = 1
         push(~node)
-        ps = producers.get(node)
-        if ps:
-            if len(ps) > 1:
-                ps = sorted(set(ps))
-            for p in ps:
-                if not visited[p]:
-                    push(p)
+        ps = producers_of(node)
+        if not ps:
+            continue
+        if len(ps) == 1:  # the common case, without a sort
+            if not visited[ps[0]]:
+                push(ps[0])
+            continue
+        for p in sorted(set(ps)):
+            if not visited[p]:
+                push(p)
     if not follow_parent:
         return order
     followers: dict[int, list[int]] = {}

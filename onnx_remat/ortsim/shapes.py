@@ -228,9 +228,11 @@ def infer_runtime_shapes(
     inference = _NodeInference(model, sizes, lambda: _small_constants(model.graph, nodes, max_constant_elements))
     report = inference.report
     declared = sizes.declared
-    for i in _topological_order(nodes):
-        node = nodes[i]
-        outs = [o for o in node.output if o]
+    # Names read once (each read of a proto's repeated field makes new strings).
+    inputs = [list(node.input) for node in nodes]
+    outputs = [[o for o in node.output if o] for node in nodes]
+    for i in _topological_order(inputs, outputs):
+        node, outs = nodes[i], outputs[i]
         if not outs or all(declared(o) for o in outs):
             continue
         inference.infer(node)
@@ -240,23 +242,34 @@ def infer_runtime_shapes(
     return report
 
 
-def _topological_order(nodes: list[onnx.NodeProto]) -> Sequence[int]:
-    """``index_order`` of the nodes: their positions as they are when already sorted (ONNX asks
-    models to be, and every graph met is; checked in one pass), else the sorted positions."""
-    producer: dict[str, int] = {}
-    outputs = [node.output for node in nodes]
-    for i, outs in enumerate(outputs):
-        for o in outs:
-            if o:
-                producer[o] = i
-    # As index_order counts them: the last writer of a name produces it, a node's own outputs
-    # do not feed it. Sorted when every input comes from an earlier node.
-    for i, node in enumerate(nodes):
-        for t in node.input:
-            p = producer.get(t, -1)
-            if p > i:
-                return index_order([n.input for n in nodes], outputs)
-    return range(len(nodes))
+def _topological_order(inputs: list[list[str]], outputs: list[list[str]]) -> Sequence[int]:
+    """``index_order`` of the nodes reading ``inputs[i]`` and writing ``outputs[i]`` (names, no empty
+    output): their positions as they are when already sorted (ONNX asks models to be, and every
+    graph met is; checked in one pass), else the sorted positions."""
+    if _already_sorted(inputs, outputs):
+        return range(len(inputs))
+    return index_order(inputs, outputs)
+
+
+def _already_sorted(inputs: list[list[str]], outputs: list[list[str]]) -> bool:
+    """True when no node reads a name written by a later node (so ``index_order`` keeps the
+    list as it is; a node's own outputs do not feed it, as there)."""
+    written: set[str] = set()
+    count = 0
+    for outs in outputs:
+        written.update(outs)
+        count += len(outs)
+    if count != len(written):
+        # A name written twice: index_order reads the last writer, so compare each input with
+        # its producer's position.
+        producer = {o: i for i, outs in enumerate(outputs) for o in outs}
+        return all(producer.get(t, -1) <= i for i, ins in enumerate(inputs) for t in ins)
+    later = written  # the names written by the node at hand or a later one
+    for ins, outs in zip(inputs, outputs):
+        if not later.isdisjoint(ins) and any(t in later and t not in outs for t in ins):
+            return False
+        later.difference_update(outs)
+    return True
 
 
 def _small_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], max_elements: int) -> dict[str, TensorProto]:

@@ -10,20 +10,15 @@ from onnx_remat.ortsim.rewrites.base import GraphPass
 def _cse(rg: RuntimeGraph) -> bool:
     """``CommonSubexpressionElimination``: a deterministic node equal to an earlier one (op,
     attributes, inputs) is dropped and its readers read the earlier node's outputs."""
-    seen: dict[tuple, RuntimeNode] = {}
+    seen = _Seen()
     changed = False
     nodes, graph_outputs = rg.nodes, rg.graph_output_set
     for i in rg.default_order():
         node = nodes[i]
         if node is None or node.op in NOT_MERGED or not graph_outputs.isdisjoint(node.outputs):
             continue  # (the last: rg.produces_graph_output, inlined)
-        try:
-            key = (node.domain, node.op, tuple(node.inputs), len(node.outputs), _attr_key(node.attrs))
-        except TypeError:
-            continue
-        first = seen.get(key)
+        first = seen.earlier_equal(node)
         if first is None:
-            seen[key] = node
             continue
         for mine, theirs in zip(node.outputs, first.outputs):
             if mine and theirs:
@@ -35,6 +30,30 @@ def _cse(rg: RuntimeGraph) -> bool:
             rg.rewrites["CommonSubexpressionElimination"] += 1
             changed = True
     return changed
+
+
+class _Seen:
+    """The nodes one CSE walk has seen, by (domain, op, inputs, output count) and attributes.
+
+    Most nodes share their inputs with no earlier node of their op, so the attributes (the costly
+    part of the key) are compared only between nodes equal in the rest. The walk edits only
+    inputs, so a node's attributes are the same when compared as when it was seen."""
+
+    def __init__(self) -> None:
+        self.first: dict[tuple, RuntimeNode] = {}  # the first node seen with each key but attributes
+        self.by_attrs: dict[tuple, dict[tuple, RuntimeNode]] = {}  # where several: by attributes
+
+    def earlier_equal(self, node: RuntimeNode) -> RuntimeNode | None:
+        """The first node seen equal to ``node``; None (and ``node`` is now seen) if none."""
+        key = (node.domain, node.op, tuple(node.inputs), len(node.outputs))
+        first = self.first.setdefault(key, node)
+        if first is node:
+            return None
+        by_attrs = self.by_attrs.get(key)
+        if by_attrs is None:
+            by_attrs = self.by_attrs[key] = {_attr_key(first.attrs): first}
+        earlier = by_attrs.setdefault(_attr_key(node.attrs), node)
+        return None if earlier is node else earlier
 
 
 # Attribute values that are their own key (most are): asked for every node of every pass.
