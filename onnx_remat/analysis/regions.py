@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from onnx_remat.errors import ForwardOnlyGraph, RematError
-from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.graph.bridge import GraphCopy, ModelGraph
 from onnx_remat.graph.conventions import (
     ACCUMULATOR_OPS,
     GRAD_SUFFIX,
@@ -82,6 +82,30 @@ class TrainingGraph:
             if id(node) in self.backward_ids:
                 seen[id(node)] = node
         return sorted(seen.values(), key=lambda n: self.position[id(n)])
+
+    def copy(self) -> tuple[TrainingGraph, GraphCopy]:
+        """This analysis on an independent copy of the graph (:meth:`ModelGraph.copy`), and where each
+        node and tensor went.
+
+        What :func:`analyze` finds on the copy, carried over node by node instead of found again:
+        the copy has the same nodes and edges in the same order, and the analysis depends on nothing
+        else (node ids and tensor objects are mapped, positions are the same).
+        """
+        c = self.mg.copy()
+        node, tensor = c.nodes, c.tensors
+        order = [node[id(n)] for n in self.order]
+        work = TrainingGraph(
+            mg=c.mg,
+            order=order,
+            position={id(n): i for i, n in enumerate(order)},
+            backward_ids={id(node[i]) for i in self.backward_ids},
+            loss=tensor[id(self.loss)],
+            seed=None if self.seed is None else tensor[id(self.seed)],
+            parameters=[tensor[id(t)] for t in self.parameters],
+            stashed=[tensor[id(t)] for t in self.stashed],
+            tensors={name: tensor[id(t)] for name, t in self.tensors.items()},
+        )
+        return work, c
 
     def counts(self) -> dict[str, int]:
         """Node and tensor counts by region, for summaries."""

@@ -11,10 +11,18 @@ Measured on onnx-graphsurgeon 0.6.1, a plain ``import_onnx``/``export_onnx`` rou
 * rebuilds the ModelProto, so model-level fields must be copied back,
 * and its ``Graph.toposort()`` is recursive (RecursionError on long out-of-order chains).
 
+It is also slow where onnx-remat needs it fast: ``import_onnx`` builds ~10 objects per node through
+constructors that synchronize every edge (~90 µs per node), and ``export_onnx`` writes the value_info
+of every tensor, which the restore below throws away again.
+
 This module is the one place that works around all of that: :class:`ModelGraph` keeps the
 dropped per-node fields in a side table and :meth:`ModelGraph.to_model` puts them back; the
 iterative :func:`onnx_remat.graph.toposort.stable_toposort` replaces graphsurgeon's toposort. A round
-trip without edits reproduces the input model byte for byte (tests/test_gs_bridge.py).
+trip without edits reproduces the input model byte for byte (tests/graph/test_bridge.py).
+:meth:`ModelGraph.copy` copies an imported graph without importing it again (a pass that edits a
+graph edits a copy, so its input stays as it was), and :meth:`ModelGraph.to_model` writes the graph
+with graphsurgeon's per-node and per-tensor exporters but assembles the model itself: it writes only
+the value_info it keeps and copies each initializer once (the parameters can be most of the model).
 """
 
 from __future__ import annotations
@@ -26,6 +34,10 @@ from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
+from google.protobuf.message import Message
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, check_duplicate_node_names
+from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
+from onnx_graphsurgeon.util.misc import SynchronizedList
 
 
 @contextlib.contextmanager
@@ -82,6 +94,110 @@ class ModelGraph:
         """The model this graph was imported from (not modified by edits to ``graph``)."""
         return self._source
 
+    def copy(self) -> GraphCopy:
+        """An independent copy of this graph, as if imported again (but ~10x faster).
+
+        New nodes and tensors with the same edges, in the same order; what never changes in place
+        is shared: constant values (lazy references into the source ModelProto, or arrays), attribute
+        values (the attrs dicts are copied), dtypes. Constants of the source whose values were read
+        since the import (reading ``Constant.values`` replaces the lazy reference with an array) get
+        a lazy reference again, so the copy exports them as a fresh import would. Graphs with
+        subgraphs or local functions, whose tensors span several graphs, are imported again.
+        """
+        graph = self.graph
+        if graph.functions or any(isinstance(v, gs.Graph) for n in graph.nodes for v in n.attrs.values()):
+            return self._imported_again()
+        with _gc_paused():
+            return self._copied()
+
+    def _copied(self) -> GraphCopy:
+        # Objects are made with __new__ and their __dict__ filled: the constructors and
+        # SynchronizedList.extend update the other end of every edge, one call per edge, and both
+        # ends are copied here anyway.
+        graph = self.graph
+        nodes: dict[int, gs.Node] = {}
+        tensors: dict[int, gs.Tensor] = {}
+        pairs: list[tuple[gs.Tensor, gs.Tensor]] = []
+        sources: dict[str, onnx.TensorProto] | None = None
+
+        def add(t: gs.Tensor) -> None:
+            nonlocal sources
+            c = object.__new__(type(t))
+            d = c.__dict__
+            d.update(t.__dict__)
+            d["inputs"] = _synced(c, "outputs")
+            d["outputs"] = _synced(c, "inputs")
+            shape = d.get("shape")
+            if type(shape) is list:
+                d["shape"] = list(shape)
+            values = d.get("_values")
+            if values is not None and not isinstance(values, (LazyValues, SparseValues)):
+                if sources is None:
+                    sources = {p.name: p for p in self._source.graph.initializer}
+                proto = sources.get(t.name)
+                if proto is not None:
+                    d["_values"] = LazyValues(proto)
+            tensors[id(t)] = c
+            pairs.append((t, c))
+
+        for t in graph.inputs:
+            if id(t) not in tensors:
+                add(t)
+        for n in graph.nodes:
+            c = object.__new__(type(n))
+            d = c.__dict__
+            d.update(n.__dict__)
+            d["attrs"] = n.attrs.copy()
+            d["inputs"] = _synced(c, "outputs")
+            d["outputs"] = _synced(c, "inputs")
+            nodes[id(n)] = c
+            for t in n.inputs:
+                if id(t) not in tensors:
+                    add(t)
+            for t in n.outputs:
+                if id(t) not in tensors:
+                    add(t)
+        for t in graph.outputs:
+            if id(t) not in tensors:
+                add(t)
+        for n in graph.nodes:
+            c = nodes[id(n)]
+            list.extend(c.inputs, [tensors[id(t)] for t in n.inputs])
+            list.extend(c.outputs, [tensors[id(t)] for t in n.outputs])
+        for t, c in pairs:
+            # a node outside graph.nodes is not part of the graph (nor of a fresh import of it)
+            list.extend(c.inputs, [nodes[id(p)] for p in t.inputs if id(p) in nodes])
+            list.extend(c.outputs, [nodes[id(r)] for r in t.outputs if id(r) in nodes])
+
+        g = object.__new__(type(graph))
+        g.__dict__.update(graph.__dict__)
+        g.__dict__.update(
+            nodes=[nodes[id(n)] for n in graph.nodes],
+            inputs=[tensors[id(t)] for t in graph.inputs],
+            outputs=[tensors[id(t)] for t in graph.outputs],
+            _functions=[],
+        )
+        extras = {
+            id(nodes[k]): NodeExtras(e.doc_string, dict(e.metadata)) for k, e in self._extras.items() if k in nodes
+        }
+        return GraphCopy(ModelGraph._of(self._source, g, extras), nodes, tensors)
+
+    def _imported_again(self) -> GraphCopy:
+        """The copy for graphs :meth:`copy` does not copy: node i is node i, tensors match by name."""
+        mg = ModelGraph(self._source)
+        nodes = {id(a): b for a, b in zip(self.graph.nodes, mg.graph.nodes)}
+        by_name = mg.graph.tensors()
+        tensors = {id(t): by_name[name] for name, t in self.graph.tensors().items() if name in by_name}
+        return GraphCopy(mg, nodes, tensors)
+
+    @classmethod
+    def _of(cls, source: onnx.ModelProto, graph: gs.Graph, extras: dict[int, NodeExtras]) -> ModelGraph:
+        mg = cls.__new__(cls)
+        mg._source = source
+        mg.graph = graph
+        mg._extras = extras
+        return mg
+
     def to_model(
         self, extra_opsets: dict[str, int] | None = None, metadata: dict[str, str] | None = None
     ) -> onnx.ModelProto:
@@ -90,33 +206,14 @@ class ModelGraph:
         ``extra_opsets`` adds opset imports for domains the edits introduced (an existing
         import of the same domain is kept as it is); ``metadata`` adds or replaces model-level
         ``metadata_props``.
+
+        The graph is what ``gs.export_onnx`` writes, with what it drops put back (the module
+        docstring); everything else in the model is the source's.
         """
         src = self._source
+        out = _without_graph(src)
         with _gc_paused():
-            model = gs.export_onnx(self.graph, do_type_check=False)
-        out = onnx.ModelProto()
-        out.CopyFrom(src)
-        out.graph.CopyFrom(model.graph)
-
-        for node, proto in zip(self.graph.nodes, out.graph.node):
-            extras = self._extras.get(id(node))
-            if extras is None:
-                continue
-            if extras.doc_string:
-                proto.doc_string = extras.doc_string
-            else:
-                proto.ClearField("doc_string")
-            del proto.metadata_props[:]
-            for key, value in extras.metadata.items():
-                proto.metadata_props.add(key=key, value=value)
-
-        _restore_initializers(out.graph.initializer, src.graph.initializer)
-        _restore_value_infos(out.graph.input, src.graph.input)
-        _restore_value_infos(out.graph.output, src.graph.output)
-        _merge_value_info(out.graph, src.graph)
-        if src.graph.HasField("doc_string"):
-            out.graph.doc_string = src.graph.doc_string
-        out.graph.metadata_props.extend(src.graph.metadata_props)
+            _export_graph(self.graph, self._extras, src.graph, out.graph)
 
         have = {op.domain for op in out.opset_import}
         for domain, version in (extra_opsets or {}).items():
@@ -130,33 +227,141 @@ class ModelGraph:
         return out
 
 
-def _restore_initializers(exported, original) -> None:
-    """Source initializers in source order (graphsurgeon drops unused ones), then new ones."""
-    rank = {t.name: i for i, t in enumerate(original)}
-    have = {t.name for t in exported}
-    items = list(exported) + [t for t in original if t.name not in have]
-    items.sort(key=lambda t: (0, rank[t.name]) if t.name in rank else (1, 0))
-    del exported[:]
-    exported.extend(items)
+@dataclass
+class GraphCopy:
+    """A :meth:`ModelGraph.copy` and where each node and tensor of the original went."""
+
+    mg: ModelGraph
+    nodes: dict[int, gs.Node]  # id(original node) -> its copy
+    tensors: dict[int, gs.Tensor]  # id(original tensor) -> its copy
+
+    def node(self, node: gs.Node) -> gs.Node:
+        return self.nodes[id(node)]
+
+    def tensor(self, tensor: gs.Tensor) -> gs.Tensor:
+        return self.tensors[id(tensor)]
 
 
-def _restore_value_infos(exported, original) -> None:
-    """Graph inputs/outputs that kept their name and type are written as in the source.
+def _synced(parent: object, field_name: str) -> SynchronizedList:
+    """An empty edge list of ``parent``, made without the constructor (see ModelGraph._copied)."""
+    edges = SynchronizedList.__new__(SynchronizedList)
+    edges.parent_obj = parent
+    edges.field_name = field_name
+    return edges
 
-    The source entries carry what graphsurgeon drops (``metadata_props``, ``doc_string``).
+
+def _without_graph(src: onnx.ModelProto) -> onnx.ModelProto:
+    """A ModelProto with every field of ``src`` but its graph, without copying the graph."""
+    out = onnx.ModelProto()
+    if _unknown_fields(src):
+        out.CopyFrom(src)  # the only way to keep fields this onnx does not know
+        out.ClearField("graph")
+        return out
+    for fd, value in src.ListFields():
+        if fd.name == "graph":
+            continue
+        if isinstance(value, Message):
+            getattr(out, fd.name).CopyFrom(value)
+        elif isinstance(value, (str, bytes, int, float)):
+            setattr(out, fd.name, value)
+        else:
+            getattr(out, fd.name).extend(value)
+    return out
+
+
+def _unknown_fields(message: Message) -> bool:
+    """Whether ``message`` holds fields its schema does not know (True where that cannot be told)."""
+    try:
+        from google.protobuf import unknown_fields
+    except ImportError:  # protobuf < 4.23
+        return True
+    return len(unknown_fields.UnknownFieldSet(message)) > 0
+
+
+def _export_graph(graph: gs.Graph, extras: dict[int, NodeExtras], src: onnx.GraphProto, out: onnx.GraphProto) -> None:
+    """Write ``graph`` into the empty ``out`` as ``gs.export_onnx`` would, with the source's fields put back.
+
+    Nodes, inputs and outputs are exported by graphsurgeon. An initializer still holding the
+    source's TensorProto (graphsurgeon's lazy values) is that TensorProto, as graphsurgeon writes
+    it, and it is copied once, into ``out``; graphsurgeon's exporter would set its name in place
+    (a write to the source). Only the value_info of tensors the source has none for is exported:
+    the source's is kept as it was.
     """
+    nodes = graph.nodes
+    check_duplicate_node_names(nodes)
+    protos = [OnnxExporter.export_node(node) for node in nodes]
+    for node, proto in zip(nodes, protos):
+        extra = extras.get(id(node))
+        if extra is None:
+            continue
+        if extra.doc_string:
+            proto.doc_string = extra.doc_string
+        for key, value in extra.metadata.items():
+            proto.metadata_props.add(key=key, value=value)
+    out.node.extend(protos)
+    out.name = graph.name
+    out.input.extend(_restored_value_infos(graph.inputs, src.input))
+    out.output.extend(_restored_value_infos(graph.outputs, src.output))
+
+    tensor_map = graph.tensors()
+    constants = [t for t in tensor_map.values() if isinstance(t, gs.Constant)]
+    sparse = [t for t in constants if isinstance(t._values, SparseValues)]
+    out.initializer.extend(
+        _initializers([t for t in constants if not isinstance(t._values, SparseValues)], src.initializer)
+    )
+    out.sparse_initializer.extend(OnnxExporter.export_sparse_tensor_proto(t) for t in sparse)
+
+    # value_info: the source's as it was (edits never delete tensors), then the new tensors' in
+    # graphsurgeon's order (tensor map order, graph inputs and outputs and unknown types left out)
+    for t in graph.inputs + graph.outputs:
+        tensor_map.pop(t.name, None)
+    known = {vi.name for vi in src.value_info}
+    out.value_info.extend(src.value_info)
+    out.value_info.extend(
+        OnnxExporter.export_value_info_proto(t, do_type_check=False)
+        for name, t in tensor_map.items()
+        if name not in known and isinstance(t, gs.Variable) and (t.dtype is not None or t.shape is not None)
+    )
+    if src.HasField("doc_string"):
+        out.doc_string = src.doc_string
+    elif graph.doc_string:
+        out.doc_string = graph.doc_string
+    out.metadata_props.extend(src.metadata_props)
+
+
+def _initializers(constants: list[gs.Constant], original) -> list[onnx.TensorProto]:
+    """Source initializers in source order (graphsurgeon drops unused ones), then new ones.
+
+    ``constants`` are the graph's, in graphsurgeon's export order; one that still reads the source's
+    TensorProto under its name is that TensorProto.
+    """
+    exported: list[tuple[str, onnx.TensorProto]] = []
+    for t in constants:
+        values = t._values
+        if isinstance(values, LazyValues) and values.tensor.name == t.name:
+            exported.append((t.name, values.tensor))
+        elif isinstance(values, LazyValues):  # renamed: graphsurgeon would rename the source's TensorProto
+            proto = onnx.TensorProto()
+            proto.CopyFrom(values.tensor)
+            proto.name = t.name
+            exported.append((t.name, proto))
+        else:
+            exported.append((t.name, OnnxExporter.export_tensor_proto(t)))
+    rank = {p.name: i for i, p in enumerate(original)}
+    have = {name for name, _ in exported}
+    items = exported + [(p.name, p) for p in original if p.name not in have]
+    items.sort(key=lambda item: (0, rank[item[0]]) if item[0] in rank else (1, 0))
+    return [proto for _, proto in items]
+
+
+def _restored_value_infos(tensors: list[gs.Tensor], original) -> list[onnx.ValueInfoProto]:
+    """Graph inputs/outputs as graphsurgeon exports them, except that those that kept their name and
+    type are written as in the source, which carries what graphsurgeon drops (``metadata_props``,
+    ``doc_string``)."""
     by_name = {vi.name: vi for vi in original}
-    for vi in exported:
+    out = []
+    for t in tensors:
+        vi = OnnxExporter.export_value_info_proto(t, do_type_check=False)
         src = by_name.get(vi.name)
-        if src is not None and src.type == vi.type:
-            vi.CopyFrom(src)
-
-
-def _merge_value_info(graph: onnx.GraphProto, original: onnx.GraphProto) -> None:
-    """The source's value_info as it was (edits never delete tensors), then the new entries."""
-    exported = {vi.name: vi for vi in graph.value_info}
-    merged = list(original.value_info)
-    seen = {vi.name for vi in merged}
-    merged += [vi for name, vi in exported.items() if name not in seen]
-    del graph.value_info[:]
-    graph.value_info.extend(merged)
+        out.append(src if src is not None and src.type == vi.type else vi)
+    return out

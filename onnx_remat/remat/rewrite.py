@@ -111,22 +111,17 @@ class RewriteResult:
 
 
 def _working_copy(tg: TrainingGraph, plan: RecomputePlan) -> tuple[TrainingGraph, RecomputePlan]:
-    """A fresh graph of the same model, analysed again, and ``plan`` in terms of its nodes.
+    """A copy of the graph with its analysis (:meth:`TrainingGraph.copy`), and ``plan`` in terms of
+    its nodes and tensors.
 
     The rewrite edits graphsurgeon objects in place; it edits these, so the caller's analysis
-    stays valid (a pass leaves its input unchanged). Both graphs are imported from the same
-    ModelProto, so node i of one is node i of the other and tensors are matched by name.
+    stays valid (a pass leaves its input unchanged).
     """
-    from onnx_remat.analysis.regions import analyze
-    from onnx_remat.graph.bridge import ModelGraph
-
-    work = analyze(ModelGraph(tg.mg.source))
-    index = {id(n): i for i, n in enumerate(tg.graph.nodes)}
-    nodes = work.graph.nodes
+    work, copied = tg.copy()
     tensors = work.tensors
 
     def node(n: gs.Node) -> gs.Node:
-        return nodes[index[id(n)]]
+        return copied.node(n)
 
     def tensor_list(ts: list[gs.Tensor]) -> list[gs.Tensor]:
         return [tensors[t.name] for t in ts]

@@ -1,0 +1,120 @@
+"""ModelGraph.copy / TrainingGraph.copy: an independent copy, as if imported again; to_model's output."""
+
+from __future__ import annotations
+
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from conftest import ARTIFACTS
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+import onnx_remat
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.analysis.regions import analyze
+from onnx_remat.graph.bridge import ModelGraph
+
+MODELS = ("blocks10", "blocks10_dynamo", "fc5", "gpt", "resnet")
+FILES = [f"{m}/{f}_model.onnx" for m in MODELS for f in ("training", "eval", "optimizer")]
+
+
+def _edges(graph: gs.Graph) -> list:
+    """Everything a graph's structure is: nodes and tensors by name, in list order, both edge ends."""
+    nodes = [
+        (n.op, n.name, n.domain, dict(n.attrs), [t.name for t in n.inputs], [t.name for t in n.outputs])
+        for n in graph.nodes
+    ]
+    tensors = [
+        (name, type(t).__name__, [p.name for p in t.inputs], [c.name for c in t.outputs])
+        for name, t in graph.tensors().items()
+    ]
+    return [nodes, tensors, [t.name for t in graph.inputs], [t.name for t in graph.outputs]]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_copy_is_a_fresh_import(name):
+    model = onnx.load(str(ARTIFACTS / name))
+    mg = ModelGraph(model)
+    copied = mg.copy().mg
+    assert _edges(copied.graph) == _edges(ModelGraph(model).graph)
+    assert copied.to_model().SerializeToString() == model.SerializeToString()
+    for old, new in zip(mg.graph.nodes, copied.graph.nodes):
+        assert new is not old and new.attrs is not old.attrs
+        assert mg.extras(old) == copied.extras(new)
+
+
+def test_copy_shares_constant_values_and_maps_every_object():
+    mg = ModelGraph(onnx.load(str(ARTIFACTS / "gpt" / "training_model.onnx")))
+    c = mg.copy()
+    for t in mg.graph.tensors().values():
+        new = c.tensor(t)
+        assert new is not t and new.name == t.name and type(new) is type(t)
+        if isinstance(t, gs.Constant):
+            assert new._values is t._values  # parameters are never copied
+    for n in mg.graph.nodes:
+        assert [t.name for t in c.node(n).inputs] == [t.name for t in n.inputs]
+
+
+def test_editing_the_copy_leaves_the_original_as_it_was():
+    model = onnx.load(str(ARTIFACTS / "blocks10" / "training_model.onnx"))
+    source = model.SerializeToString()
+    mg = ModelGraph(model)
+    before = _edges(mg.graph)
+    copied = mg.copy().mg
+    g = copied.graph
+    node = next(n for n in g.nodes if len(n.inputs) >= 2 and n.attrs)
+    node.inputs[0] = node.inputs[1]  # rewire
+    node.attrs["added"] = 1
+    node.name = "renamed"
+    node.outputs[0].shape = None
+    next(n for n in g.nodes if len(n.outputs) >= 2).outputs.pop()
+    extra = gs.Node(op="Identity", name="extra", inputs=[g.inputs[0]], outputs=[gs.Variable("extra_out")])
+    g.nodes.append(extra)
+    copied.set_extras(extra, "added", {"k": "v"})
+    copied.set_extras(g.nodes[0], "changed")
+    constant = next(t for t in g.tensors().values() if isinstance(t, gs.Constant))
+    constant.name = "renamed_constant"
+    out = copied.to_model()
+    assert _edges(mg.graph) == before
+    assert mg.to_model().SerializeToString() == source
+    assert model.SerializeToString() == source  # nor its source (a renamed constant is not renamed there)
+    assert "renamed_constant" in [t.name for t in out.graph.initializer]
+
+
+def test_a_constant_read_since_the_import_is_copied_as_imported():
+    model = onnx.load(str(ARTIFACTS / "gpt" / "training_model.onnx"))
+    mg = ModelGraph(model)
+    constant = next(t for t in mg.graph.tensors().values() if isinstance(t, gs.Constant))
+    _ = constant.values  # replaces the lazy reference with an array
+    new = mg.copy().tensor(constant)
+    assert isinstance(new._values, LazyValues) and new._values.tensor.name == constant.name
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt", "resnet"])
+def test_copied_analysis_is_the_analysis_of_the_copy(name):
+    tg = analyze_model(ARTIFACTS / name).graph
+    work, c = tg.copy()
+    again = analyze(c.mg)
+
+    def names(nodes):
+        return [n.name for n in nodes]
+
+    assert [id(n) for n in work.order] == [id(n) for n in again.order]
+    assert work.position == again.position
+    assert work.backward_ids == again.backward_ids
+    assert work.loss is again.loss and work.seed is again.seed
+    assert work.parameters == again.parameters and work.stashed == again.stashed
+    assert list(work.tensors) == list(again.tensors)
+    assert all(work.tensors[k] is again.tensors[k] for k in work.tensors)
+    assert names(work.order) == names(tg.order)
+
+
+@pytest.mark.parametrize("name,scope", [("blocks10", "Block"), ("gpt", "Block")])
+def test_apply_leaves_the_analysed_graph_as_imported(name, scope):
+    analysis = analyze_model(ARTIFACTS / name)
+    source = analysis.model.SerializeToString()
+    before = _edges(analysis.graph.graph)
+    result = onnx_remat.apply(analysis, scopes=[scope])
+    assert result.model.SerializeToString() != source
+    assert _edges(analysis.graph.graph) == before
+    assert analysis.graph.mg.to_model().SerializeToString() == source
+    assert analysis.model.SerializeToString() == source
