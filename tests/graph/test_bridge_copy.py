@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
 from conftest import ARTIFACTS
+from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 import onnx_remat
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.analysis.regions import analyze
-from onnx_remat.graph.bridge import ModelGraph
+from onnx_remat.graph.bridge import ModelGraph, _value_info
 
 MODELS = ("blocks10", "blocks10_dynamo", "fc5", "gpt", "resnet")
 FILES = [f"{m}/{f}_model.onnx" for m in MODELS for f in ("training", "eval", "optimizer")]
@@ -118,3 +120,33 @@ def test_apply_leaves_the_analysed_graph_as_imported(name, scope):
     assert _edges(analysis.graph.graph) == before
     assert analysis.graph.mg.to_model().SerializeToString() == source
     assert analysis.model.SerializeToString() == source
+
+
+@pytest.mark.parametrize("shape", [None, [], [1, "batch", None], (3,)])
+@pytest.mark.parametrize("dtype", [np.float32, np.dtype("int64"), np.bool_, onnx.TensorProto.BFLOAT16])
+def test_value_info_is_graphsurgeons(shape, dtype):
+    tensor = gs.Variable("x", dtype=dtype, shape=shape)
+    ours = _value_info(tensor, {})
+    assert ours.SerializeToString() == OnnxExporter.export_value_info_proto(tensor, False).SerializeToString()
+
+
+def test_a_graph_with_subgraphs_is_imported_again():
+    from onnx import TensorProto, helper
+
+    def branch(name: str) -> onnx.GraphProto:
+        node = helper.make_node("Identity", ["x"], [f"{name}_out"], name=f"{name}_id")  # reads the outer x
+        return helper.make_graph(
+            [node], name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.FLOAT, [2])]
+        )
+
+    cond = helper.make_tensor_value_info("c", TensorProto.BOOL, [])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    node = helper.make_node("If", ["c"], ["y"], name="if", then_branch=branch("then"), else_branch=branch("else"))
+    model = helper.make_model(helper.make_graph([node], "g", [cond, x], [y]))
+    mg = ModelGraph(model)
+    c = mg.copy()
+    assert c.node(mg.graph.nodes[0]) is c.mg.graph.nodes[0] is not mg.graph.nodes[0]
+    assert c.tensor(mg.graph.inputs[1]).name == "x" and c.tensor(mg.graph.inputs[1]) is not mg.graph.inputs[1]
+    # (graphsurgeon writes subgraphs differently from the source: the copy writes what the original writes)
+    assert c.mg.to_model().SerializeToString() == mg.to_model().SerializeToString()
