@@ -12,17 +12,18 @@ Measured on onnx-graphsurgeon 0.6.1, a plain ``import_onnx``/``export_onnx`` rou
 * and its ``Graph.toposort()`` is recursive (RecursionError on long out-of-order chains).
 
 It is also slow where onnx-remat needs it fast: ``import_onnx`` builds ~10 objects per node through
-constructors that synchronize every edge (~90 µs per node), and ``export_onnx`` writes the value_info
-of every tensor, which the restore below throws away again.
+constructors that keep both ends of every edge in step (1.1 s CPU for a 21k-node graph), and
+``export_onnx`` writes the value_info of every tensor (the source's are kept instead) and copies
+every initializer into a model that is then rebuilt around the source's fields.
 
 This module is the one place that works around all of that: :class:`ModelGraph` keeps the
 dropped per-node fields in a side table and :meth:`ModelGraph.to_model` puts them back; the
 iterative :func:`onnx_remat.graph.toposort.stable_toposort` replaces graphsurgeon's toposort. A round
 trip without edits reproduces the input model byte for byte (tests/graph/test_bridge.py).
 :meth:`ModelGraph.copy` copies an imported graph without importing it again (a pass that edits a
-graph edits a copy, so its input stays as it was), and :meth:`ModelGraph.to_model` writes the graph
-with graphsurgeon's per-node and per-tensor exporters but assembles the model itself: it writes only
-the value_info it keeps and copies each initializer once (the parameters can be most of the model).
+graph edits a copy, so its input stays as it was), and :meth:`ModelGraph.to_model` writes nodes and
+tensors as graphsurgeon's exporter does but assembles the model itself: it writes only the value_info
+it keeps and copies each initializer once (the parameters can be most of the model).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class ModelGraph:
         return self._source
 
     def copy(self) -> GraphCopy:
-        """An independent copy of this graph, as if imported again (but ~10x faster).
+        """An independent copy of this graph, as if imported again (0.44 s instead of 1.1 s CPU on 21k nodes).
 
         New nodes and tensors with the same edges, in the same order; what never changes in place
         is shared: constant values (lazy references into the source ModelProto, or arrays), attribute
