@@ -32,7 +32,8 @@ class ModelAnalysis:
     """A loaded training graph with its analyses.
 
     ``source`` is None when the model was given as a ModelProto. ``graph`` holds the
-    graphsurgeon graph the rewrite edits: analyse again before a second rewrite.
+    graphsurgeon graph; a rewrite edits a copy of it (:meth:`~onnx_remat.analysis.regions.TrainingGraph.copy`), so one
+    analysis serves any number of rewrites.
     """
 
     model: onnx.ModelProto
