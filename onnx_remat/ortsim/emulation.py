@@ -15,6 +15,7 @@ and emulates the pinned graph.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -67,6 +68,45 @@ class Emulation:
         if self._names is None:
             self._names = [name for i in self.order for name in self.rg.at(i).origin]
         return self._names
+
+    def adopt_plan(self, rg: RuntimeGraph, order: Sequence[int], plan: MemoryPlan) -> bool:
+        """Take ``plan``, made by :func:`~onnx_remat.ortsim.planner.plan_memory` for ``order`` of
+        ``rg``, as this emulation's plan when this emulation runs the same thing: the same ops on the
+        same tensors with the same attributes, step for step, the same graph inputs and outputs, the
+        same initializers and the same tensor sizes (the planner reads nothing else; node indices and
+        names may differ). Returns whether it did. The memory schedule predicts each order on one
+        emulated graph, then emulates the graph it writes from scratch: where the two agree, the plan
+        is not made twice."""
+        ours = self.rg
+        if (
+            self._plan is not None
+            or len(order) != len(self.order)
+            or ours.sizes is not rg.sizes
+            or ours.graph_inputs != rg.graph_inputs
+            or ours.graph_outputs != rg.graph_outputs
+            or ours.initializers.keys() != rg.initializers.keys()
+        ):
+            return False
+        for i, j in zip(self.order, order):
+            a, b = ours.at(i), rg.at(j)
+            if (
+                a.op != b.op
+                or a.domain != b.domain
+                or a.inputs != b.inputs
+                or a.outputs != b.outputs
+                or a.attrs != b.attrs
+            ):
+                return False
+        # The planner lists tensors as it meets them: graph inputs, initializers (in the graph's
+        # order, which follows the node list where Constant nodes became initializers), then what
+        # each step writes. Only the initializers' order can differ here.
+        tensors = {t: plan.tensors[t] for t in ours.graph_inputs}
+        for t in ours.initializers:
+            tensors.setdefault(t, plan.tensors[t])
+        for t, p in plan.tensors.items():
+            tensors.setdefault(t, p)
+        self._plan = dataclasses.replace(plan, order=list(self.order), tensors=tensors)
+        return True
 
     def random_order(self) -> list[str]:
         """Names of the model's random ops that draw from the global generator, in the order they run."""

@@ -24,7 +24,9 @@ with onnxruntime's own order as the model of what the node list can make it do:
    without adding nodes, :mod:`~onnx_remat.scheduling.realize`); plan its memory;
 4. write the best predictions, keep forward random ops in their original order (``PassThrough``
    pins, only where the new order would change it), and emulate each written graph again, from
-   scratch: the planned peak reported is the written graph's, never a prediction;
+   scratch: the planned peak reported is the written graph's, never a prediction (where the
+   written graph runs exactly the predicted steps, the predicted plan is its plan:
+   :meth:`~onnx_remat.ortsim.emulation.Emulation.adopt_plan`);
 5. keep the lowest; when nothing beats the input, the input comes back unchanged.
 
 Linear or n log n per order tried (a handful): each step walks the graph a constant number of
@@ -44,7 +46,7 @@ import onnx
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.emulation import Emulation, emulate, keep_random_order
-from onnx_remat.ortsim.planner import plan_memory
+from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, leaf_ranked_order, leaves, list_schedule
 from onnx_remat.scheduling.realize import place_leaves
@@ -54,6 +56,8 @@ if TYPE_CHECKING:
     from onnx_remat.memory import MemoryEstimate
 
 DEFAULT_ACCUMULATION = "inplace"
+# An order predicted on an emulated graph (node indices of that graph) and its memory plan.
+Prediction = tuple[list[int], MemoryPlan]
 
 
 @dataclass
@@ -161,31 +165,39 @@ class MemorySchedule:
             acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
             graphs.append((self.grad_accumulation, emulate(accumulation.model, acc_sizes)))
 
-        candidates: list[tuple[Candidate, str, Emulation, dict[str, float] | None]] = []
+        candidates: list[tuple[Candidate, Emulation, dict[str, float] | None, Prediction | None]] = []
         for label, g in graphs:
             if g is not given:
-                candidates.append((Candidate(label, "as written", g.planned_peak_bytes), label, g, None))
+                candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
             ends = set(leaves(g.rg))
             for policy in self.policies:
                 target = list_schedule(g.rg, g.order, policy)
                 rank = {i: k for k, i in enumerate(target) if i in ends}
                 predicted = leaf_ranked_order(g.rg, g.first_added, rank)
-                peak = plan_memory(g.rg, predicted).planned_peak_bytes
+                plan = plan_memory(g.rg, predicted)
                 ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
-                candidates.append((Candidate(label, policy, peak), label, g, ranks))
+                candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
 
         best: tuple[Candidate, Emulation, list[str]] | None = None
         checked_lists: dict[tuple[str, ...], int] = {}
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
-        for cand, _label, g, names in promising:
+        tried = [c[0] for c in candidates]
+        del candidates  # the other predicted plans can go (their figures stay in the Candidates)
+        for cand, g, names, prediction in promising:
             written = place_leaves(g.model, names) if names is not None else g.model
             key = tuple(n.name for n in written.graph.node)
             if key in checked_lists:  # another policy gave the same node list
                 cand.planned_peak_bytes = checked_lists[key]
                 continue
-            checked, pins = keep_random_order(emulate(written, g.sizes, shapes_known=True), wanted_random)
+            emulated = emulate(written, g.sizes, shapes_known=True)
+            if prediction is not None:
+                # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
+                # the node list's order); where it runs exactly what was predicted, the predicted
+                # plan is its plan.
+                emulated.adopt_plan(g.rg, *prediction)
+            checked, pins = keep_random_order(emulated, wanted_random)
             cand.planned_peak_bytes = checked_lists[key] = checked.planned_peak_bytes
             if best is None or checked.planned_peak_bytes < best[1].planned_peak_bytes:
                 best = (cand, checked, pins)
@@ -195,7 +207,7 @@ class MemorySchedule:
             planned_peak_before=given.planned_peak_bytes,
             planned_peak_after=given.planned_peak_bytes,
             chosen=None,
-            candidates=[c for c, _, _, _ in candidates],
+            candidates=tried,
             accumulated=accumulation.gradients,
             accumulation_skipped=accumulation.skipped,
             pins=given_pins,
