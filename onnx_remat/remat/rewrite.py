@@ -181,6 +181,11 @@ class RecomputeRewrite:
         work, work_plan = _working_copy(tg, plan)
         result = self.call(work, work_plan)
         self.ensures(work, result)
+        # The result names its segments by the caller's plan (the same segments, on ``tg``), not by
+        # the working copy's: nothing then holds the copy, the whole edited graphsurgeon graph
+        # (hundreds of MiB at 10^5 nodes), once the model is written.
+        caller = {id(w): s for w, s in zip(work_plan.segments, plan.segments)}
+        result.segments = [dataclasses.replace(r, segment=caller[id(r.segment)]) for r in result.segments]
         return result
 
     # -- preconditions -------------------------------------------------------------------------
