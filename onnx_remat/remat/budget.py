@@ -53,7 +53,17 @@ from onnx_remat.remat.pipeline import RewritePipeline
 from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
 from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import RewriteResult, check_not_rewritten
-from onnx_remat.remat.solve import Choice, Event, Problem, Solution, UnitSpec, min_budget, predict, solve
+from onnx_remat.remat.solve import (
+    Choice,
+    Event,
+    Problem,
+    RotorStore,
+    Solution,
+    UnitSpec,
+    least_budget,
+    predict,
+    solve,
+)
 from onnx_remat.scheduling.schedule import ScheduleResult
 from onnx_remat.units import format_bytes
 
@@ -325,6 +335,11 @@ class BudgetPlanner:
         self.reference_notes: list[str] = []  # why a reference plan was not made
         self._reference_fix: dict[tuple, int] = {}
         self._floor: BudgetPlan | None = None
+        # A solution is rewritten and emulated once per planner: the floor's candidates, the rounds of
+        # every budget and the references repeat plans (the same solution at several model budgets).
+        self._realized: dict[tuple[str, str], BudgetPlan] = {}
+        self._schedules: dict[int, tuple[RewriteResult, ScheduleResult, MemoryEstimate]] = {}  # by id(rewrite)
+        self._rotors = RotorStore()  # a budget's rounds solve it again with a few units corrected
 
     @property
     def units(self) -> list[Unit]:
@@ -383,7 +398,16 @@ class BudgetPlanner:
         return f"{units[c.first].path}..{units[c.last].path}: rotor group ({'; '.join(parts)})"
 
     def realize(self, sol: Solution, source: str = PLANNER) -> BudgetPlan:
-        """Rewrite and estimate a solution of the model."""
+        """Rewrite and estimate a solution of the model: once per distinct solution (its segments
+        depend on the solution alone), each call getting its own :class:`BudgetPlan` (callers set its
+        ``model_budget`` and schedule)."""
+        key = (source, _solution_key(sol))
+        done = self._realized.get(key)
+        if done is None:
+            done = self._realized[key] = self._realize(sol, source)
+        return dataclasses.replace(done, choices=list(done.choices), solution=sol)
+
+    def _realize(self, sol: Solution, source: str) -> BudgetPlan:
         segments: list[Segment] = []
         owners: dict[int, int] = {}
         for c in sol.choices:
@@ -610,13 +634,20 @@ class BudgetPlanner:
         return bp.written_peak <= budget
 
     def scheduled(self, rewrite: RewriteResult) -> tuple[ScheduleResult, MemoryEstimate]:
-        """The memory schedule of a plan's rewrite (as ``apply`` writes it) and its exact estimate."""
+        """The memory schedule of a plan's rewrite (as ``apply`` writes it) and its exact estimate;
+        computed once per rewrite (the floor's candidates are scheduled, and ``apply`` schedules the
+        chosen plan, often one of them)."""
+        done = self._schedules.get(id(rewrite))
+        if done is not None and done[0] is rewrite:
+            return done[1], done[2]
         ordered = self.pipeline.order(rewrite.model, schedule=True)
         assert ordered.schedule is not None and ordered.emulation is not None
-        return ordered.schedule, estimate_emulated(self.analysis, ordered.emulation)
+        est = estimate_emulated(self.analysis, ordered.emulation)
+        self._schedules[id(rewrite)] = (rewrite, ordered.schedule, est)
+        return ordered.schedule, est
 
     def _solve(self, model_budget: int) -> Solution | None:
-        return solve(self.problem, model_budget)
+        return solve(self.problem, model_budget, store=self._rotors)
 
     def plan(self, budget: int, *, progress: Callable[[str], None] | None = None) -> BudgetResult:
         """The cheapest plan found whose exact planned peak is at most ``budget`` bytes.
@@ -693,17 +724,16 @@ class BudgetPlanner:
         refs = self.references()
         self.fix = dict(self._reference_fix)  # as plan() starts: the floor does not depend on what ran before
         lo = max(self.problem.outside_need, 1)
-        least = min_budget(self.problem, lo, base)
+        searched = least_budget(self.problem, lo, base)
         found: list[BudgetPlan] = []
-        if least is not None:
-            sol = solve(self.problem, least)
-            if sol is not None:
-                found.append(self.realize(sol))
-                # the least feasible model budget is not always the least exact peak: try a little above
-                for factor in (1.02, 1.05, 1.1):
-                    s2 = solve(self.problem, int(least * factor))
-                    if s2 is not None:
-                        found.append(self.realize(s2))
+        if searched is not None:
+            least, sol = searched
+            found.append(self.realize(sol))
+            # the least feasible model budget is not always the least exact peak: try a little above
+            for factor in (1.02, 1.05, 1.1):
+                s2 = solve(self.problem, int(least * factor))
+                if s2 is not None:
+                    found.append(self.realize(s2))
         found += refs
         found.append(BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, []))
         for candidate in found:

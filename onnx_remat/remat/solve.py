@@ -40,6 +40,7 @@ dynamic programme against, and the formulation to extend where units' lifetimes 
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -122,15 +123,43 @@ def _q(x: int, quantum: int) -> int:
     return (int(x) + quantum // 2) // quantum
 
 
+class RotorStore:
+    """Rotor table entries kept from one :func:`solve` to the next, by what each is computed from.
+
+    The budget planner solves the same budget a few times, between them correcting the figures of
+    a few units (:meth:`onnx_remat.remat.budget.BudgetPlanner.learn`): an entry none of whose units
+    changed is the same table, so it is taken rather than computed again. An entry is keyed by the
+    exact numbers it is computed from (its units' quantized figures, the forward costs it adds and
+    the ids of the entries it combines), so a table taken is the table the solve would compute.
+    Only the entries of the latest solve are kept (a table has one entry per group of units).
+    """
+
+    def __init__(self) -> None:
+        self.shape: tuple[int, int] | None = None  # (quantum, table length) the entries are for
+        self.entries: dict[tuple, tuple[np.ndarray, np.ndarray, int]] = {}  # key -> (cost, split, id)
+        self.ids = itertools.count()  # an entry's id names it in the keys of the entries combining it
+
+    def for_shape(self, quantum: int, K: int) -> dict[tuple, tuple[np.ndarray, np.ndarray, int]]:
+        """The entries for tables of ``K + 1`` levels of ``quantum`` bytes (none for another shape)."""
+        if self.shape != (quantum, K):
+            self.shape, self.entries = (quantum, K), {}
+        return self.entries
+
+    def keep(self, used: set[tuple]) -> None:
+        """Forget the entries the latest solve did not use."""
+        self.entries = {k: v for k, v in self.entries.items() if k in used}
+
+
 class _Tables:
     """Rotor tables ``rot(a, b)`` over the absolute headroom ``H`` (quanta), computed on demand.
 
     ``H`` is the budget minus what the units before the group keep, plus ``P[a]``: the kept bytes
     of the units before ``a`` counted from the chain's start (``P``), so that one table serves
     every group containing ``a..b`` (a unit's backward sees the kept bytes of the group's units
-    before it: ``P[m] - P[group start]``)."""
+    before it: ``P[m] - P[group start]``). ``store``: entries from earlier solves (:class:`RotorStore`).
+    """
 
-    def __init__(self, units: list[UnitSpec], quantum: int, K: int):
+    def __init__(self, units: list[UnitSpec], quantum: int, K: int, store: RotorStore | None = None):
         self.u = units
         self.q = quantum
         self.b = [_q(u.held, quantum) for u in units]
@@ -140,25 +169,34 @@ class _Tables:
         # Corrections learnt from the exact estimate can make a unit's kept bytes negative, so P is
         # not always increasing: the table spans the largest P, not the last one.
         self.K = K + max(int(self.P.max()), 0)
-        self.cache: dict[tuple[int, int, bool, bool], tuple[np.ndarray, np.ndarray]] = {}
+        self.H = np.arange(self.K + 1)
+        self.store = store if store is not None else RotorStore()
+        self.shared = self.store.for_shape(quantum, self.K)
+        self.used: set[tuple] = set()  # keys of the shared entries this solve uses
+        # by position: (cost over H, best split over H relative to a, id in the store)
+        self.cache: dict[tuple[int, int, bool, bool], tuple[np.ndarray, np.ndarray, int]] = {}
 
     def get(self, a: int, b: int, start: bool = True, end: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """(cost over H, best split over H (-1: base case)); ``start``: ``a`` starts the group (its
-        input is stored, not held); ``end``: ``b`` ends it (the unit after it is not in the group)."""
+        """(cost over H, best split over H: ``s - a`` for the split after unit ``s``, -1 for the base
+        case); ``start``: ``a`` starts the group (its input is stored, not held); ``end``: ``b`` ends
+        it (the unit after it is not in the group)."""
+        val, split, _ = self._entry(a, b, start, end)
+        return val, split
+
+    def _entry(self, a: int, b: int, start: bool, end: bool) -> tuple[np.ndarray, np.ndarray, int]:
         key = (a, b, start, end)
         hit = self.cache.get(key)
         if hit is not None:
             return hit
         K = self.K
-        H = np.arange(K + 1)
+        splits: list[tuple] = []
         if a == b:
             cost, need, _ = self.u[a].layer  # type: ignore[misc]
             need = _role_need(self.u[a], start, end, need)
-            val = np.where(_q(need, self.q) + int(self.P[a]) <= H, cost, INF)
-            split = np.full(K + 1, -1, dtype=np.int32)
+            content: tuple = ("unit", _q(need, self.q) + int(self.P[a]), cost)
         else:
-            val = np.full(K + 1, INF)
-            split = np.full(K + 1, -1, dtype=np.int32)
+            # the splits s = a, a+1, ... while feasible somewhere: (forward cost a..s, least H,
+            # o_s, the entries s+1..b and a..s), the entries named by their ids in the store
             ev = _q(self.u[b].event_ext, self.q) + int(self.P[b])
             adv = 0
             for s in range(a, b):
@@ -167,22 +205,46 @@ class _Tables:
                 lo = max(ev + adv, self.b[s], 0)
                 if lo > K:
                     break
-                right, _ = self.get(s + 1, b, False, end)
-                left, _ = self.get(a, s, start, False)
-                # H - o_s indexes right (o_s is held while s+1..b run); H indexes left; below lo: infeasible
-                cand = (self.F[s + 1] - self.F[a]) + right[lo - self.b[s] : K + 1 - self.b[s]] + left[lo:]
-                better = cand < val[lo:]
-                val[lo:][better] = cand[better]
-                split[lo:][better] = s
-        self.cache[key] = (val, split)
+                right = self._entry(s + 1, b, False, end)
+                left = self._entry(a, s, start, False)
+                splits.append((float(self.F[s + 1] - self.F[a]), lo, self.b[s], right, left))
+            content = ("group", *((f, lo, o, right[2], left[2]) for f, lo, o, right, left in splits))
+        self.used.add(content)
+        found = self.shared.get(content)
+        if found is None:
+            val, split = self._table(content, splits) if a < b else self._unit_table(content)
+            found = self.shared[content] = (val, split, next(self.store.ids))
+        self.cache[key] = found
+        return found
+
+    def _unit_table(self, content: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """One unit recomputed on its own: ``cost`` where ``H`` reaches its need."""
+        _, need, cost = content
+        return np.where(need <= self.H, cost, INF), np.full(self.K + 1, -1, dtype=np.int32)
+
+    def _table(self, content: tuple, splits: list) -> tuple[np.ndarray, np.ndarray]:
+        """The least cost over the splits, per ``H``, and the first split reaching it."""
+        K = self.K
+        if not splits:
+            return np.full(K + 1, INF), np.full(K + 1, -1, dtype=np.int32)
+        cand = np.full((len(splits), K + 1), INF)
+        for i, (f, lo, o, right, left) in enumerate(splits):
+            # H - o_s indexes right (o_s is held while s+1..b run); H indexes left; below lo: infeasible
+            row = cand[i, lo:]
+            np.add(right[0][lo - o : K + 1 - o], f, out=row)
+            np.add(row, left[0][lo:], out=row)
+        best = cand.argmin(axis=0)  # the first split of least cost, as a strict improvement keeps it
+        val = cand[best, self.H]
+        split = np.where(val < INF, best, -1).astype(np.int32)
         return val, split
 
     def events(self, a: int, b: int, H: int, from_clone: bool, start: bool = True, end: bool = True) -> list[Event]:
         """The schedule behind ``rot(a, b, H)``, in the order the backward pass runs it."""
         _, split = self.get(a, b, start, end)
-        s = int(split[H])
-        if a == b or s < 0:
+        r = int(split[H])
+        if a == b or r < 0:
             return [Event(unit=b, start=a - 1, from_clone=from_clone)]
+        s = a + r
         right = self.events(s + 1, b, H - self.b[s], True, False, end)
         first = right[0]  # the event at unit b: it now starts at a - 1 and keeps o_s on the way
         first.start, first.from_clone = a - 1, from_clone
@@ -208,13 +270,13 @@ def quantum_for(budget: int, steps: int = 2048) -> int:
     return max(256, math.ceil(budget / steps / 256) * 256)
 
 
-def _quantized(problem: Problem, budget: int, quantum: int | None):
+def _quantized(problem: Problem, budget: int, quantum: int | None, store: RotorStore | None = None):
     """The quantum, the budget in quanta, the rotor tables, each unit's boundary and kept bytes in
     quanta: what :func:`solve` and :func:`solve_milp` share."""
     q = quantum or quantum_for(budget)
     K = budget // q
     units = problem.units
-    tables = _Tables(units, q, K)
+    tables = _Tables(units, q, K, store)
     b = [_q(u.boundary, q) for u in units]
     kept_run = [_q(u.layer[2], q) if u.layer else 0 for u in units]
     return q, K, tables, b, kept_run
@@ -229,11 +291,25 @@ def _group_starts(problem: Problem, k: int):
         yield a
 
 
-def solve(problem: Problem, budget: int, quantum: int | None = None) -> Solution | None:
-    """The cheapest plan fitting ``budget`` bytes in the model, or None when none does."""
+def solve(
+    problem: Problem, budget: int, quantum: int | None = None, store: RotorStore | None = None
+) -> Solution | None:
+    """The cheapest plan fitting ``budget`` bytes in the model, or None when none does.
+
+    ``store``: rotor tables of earlier solves to take where they are the same (:class:`RotorStore`);
+    it is given the tables of this one.
+    """
     if problem.outside_need > budget:
         return None
-    q, K, tables, b, kept_run = _quantized(problem, budget, quantum)
+    q, K, tables, b, kept_run = _quantized(problem, budget, quantum, store)
+    try:
+        return _solve(problem, budget, q, K, tables, b, kept_run)
+    finally:
+        tables.store.keep(tables.used)
+
+
+def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: list[int], kept_run: list[int]):
+    """:func:`solve`'s dynamic programme over the units, with the quantized figures."""
     units = problem.units
     n = len(units)
     hb = tables.b
@@ -312,16 +388,26 @@ def min_budget(
     problem: Problem, lo: int, hi: int, tolerance: int | None = None, quantum: int | None = None
 ) -> int | None:
     """The least budget in ``[lo, hi]`` (to ``tolerance`` bytes) the model finds a plan for."""
-    if not feasible(problem, hi, quantum):
+    found = least_budget(problem, lo, hi, tolerance, quantum)
+    return found[0] if found is not None else None
+
+
+def least_budget(
+    problem: Problem, lo: int, hi: int, tolerance: int | None = None, quantum: int | None = None
+) -> tuple[int, Solution] | None:
+    """:func:`min_budget` and the plan :func:`solve` finds for it (found by the search: not solved again)."""
+    best = solve(problem, hi, quantum)
+    if best is None:
         return None
     tol = tolerance or max(hi // 512, 4096)
     while hi - lo > tol:
         mid = (lo + hi) // 2
-        if feasible(problem, mid, quantum):
-            hi = mid
+        sol = solve(problem, mid, quantum)
+        if sol is not None:
+            hi, best = mid, sol
         else:
             lo = mid
-    return hi
+    return hi, best
 
 
 def predict(problem: Problem, sol: Solution) -> dict[str, tuple[int, tuple]]:
