@@ -42,12 +42,6 @@ class ModelAnalysis:
     scopes: ScopeTree
     sizes: TensorSizes
 
-    def settle_load_check(self) -> None:
-        """Wait for onnxruntime's verdict on the model if it still runs in a child
-        (``analyze_model(defer_load_check=True)``); raise its refusal as a one-line RematError."""
-        if self.source is not None:
-            self.source.settle_load_check()
-
     @property
     def name(self) -> str:
         """How to call this model in messages: its path, or 'model'."""
@@ -102,8 +96,8 @@ def analyze_model(
     Raises :class:`~onnx_remat.errors.RematError` for unreadable or forward-only graphs, and for
     graphs onnxruntime refuses to load. onnxruntime's load of a model file runs beside the
     analysis, in a child process where that saves time; with ``defer_load_check`` it may still
-    run when this returns, and the caller settles it (:meth:`ModelAnalysis.settle_load_check`,
-    or a :func:`runtime_judged` block) before returning anything.
+    run when this returns, and the caller settles it (a :func:`runtime_judged` block) before
+    returning anything.
     """
     source = as_loaded(model)
     with runtime_judged(source, at_end=not defer_load_check):
