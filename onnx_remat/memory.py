@@ -10,7 +10,7 @@ they make; :func:`onnx_remat.estimate.estimate` is the user-facing command on to
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -126,9 +126,18 @@ class MemoryEstimate:
 # -- the estimate of one graph -------------------------------------------------------------
 
 
-def _region_of(names: Iterable[str], regions: dict[str, str]) -> str:
+_REGIONS = (RECOMPUTE, BACKWARD, FORWARD)  # the region of a node standing for several: the first found
+
+
+def _region_of(names: Sequence[str], regions: dict[str, str]) -> str:
+    if len(names) == 1:  # most runtime nodes stand for one model node
+        n = names[0]
+        one = regions.get(n)
+        if one is None and n not in regions:
+            return BACKWARD if is_gradient_node_name(n) else FORWARD
+        return one if one in _REGIONS else FORWARD
     found = {regions.get(n, BACKWARD if is_gradient_node_name(n) else FORWARD) for n in names}
-    for r in (RECOMPUTE, BACKWARD, FORWARD):
+    for r in _REGIONS:
         if r in found:
             return r
     return FORWARD

@@ -11,7 +11,6 @@ depends on an unbound symbol, or on nothing known, is ``None``, never a silent z
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -36,6 +35,25 @@ _ITEMSIZE: dict[int, int | None] = {}  # element type -> bytes (dtype_size, memo
 
 
 def _dims_of(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None] | None:
+    """``(element type, dims)`` of a tensor type (dims None where the rank is unknown), or None
+    for a type that is not a tensor. Memoized on the type's bytes: a graph has tens of thousands
+    of value infos but a few dozen distinct types, and reading a type field by field costs about
+    five times serializing it."""
+    key = type_proto.SerializeToString()
+    if key in _DIMS_BY_TYPE:
+        return _DIMS_BY_TYPE[key]
+    if len(_DIMS_BY_TYPE) >= _DIMS_BY_TYPE_LIMIT:  # bounded: the memo outlives the model
+        _DIMS_BY_TYPE.clear()
+    found = _DIMS_BY_TYPE[key] = _read_dims(type_proto)
+    return found
+
+
+_DIMS_BY_TYPE: dict[bytes, tuple[int, tuple[Dim, ...] | None] | None] = {}
+_DIMS_BY_TYPE_LIMIT = 1 << 16
+_UNSEEN = object()
+
+
+def _read_dims(type_proto: onnx.TypeProto) -> tuple[int, tuple[Dim, ...] | None] | None:
     if not type_proto.HasField("tensor_type"):
         return None
     tt = type_proto.tensor_type
@@ -128,24 +146,28 @@ class TensorSizes:
 
     def nbytes(self, name: str) -> int | None:
         """Size in bytes, or None when the shape or element type is unknown or symbolic."""
-        if name in self._nbytes:
-            return self._nbytes[name]
-        value = self._nbytes[name] = self._compute_nbytes(name)
-        return value
+        value = self._nbytes.get(name, _UNSEEN)
+        if value is _UNSEEN:
+            value = self._nbytes[name] = self._compute_nbytes(name)
+        return value  # type: ignore[return-value]
 
     def _compute_nbytes(self, name: str) -> int | None:
         info = self._lookup(name)
-        if info is None:
+        if info is None or info[1] is None:
             return None
-        shape = self.shape(name)
         et = info[0]
         itemsize = _ITEMSIZE[et] if et in _ITEMSIZE else _ITEMSIZE.setdefault(et, dtype_size(et))
-        if shape is None or itemsize is None:
+        if itemsize is None:
             return None
-        ints = [d for d in shape if isinstance(d, int)]
-        if len(ints) != len(shape):
-            return None
-        return math.prod(ints) * itemsize
+        count = 1
+        bound = self.dims
+        for d in info[1]:  # as shape(name), without building the tuple
+            if isinstance(d, str):
+                d = bound.get(d, d)
+            if not isinstance(d, int):
+                return None
+            count *= d
+        return count * itemsize
 
     # -- hooks for the memory estimator (onnx_remat.estimate); they leave the lookups above as they are --
 

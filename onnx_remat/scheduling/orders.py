@@ -28,7 +28,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 
-from onnx_remat.ortsim.graph import RuntimeGraph
+from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input
 from onnx_remat.ortsim.order import default_order
 
@@ -45,69 +46,113 @@ def list_schedule(rg: RuntimeGraph, base: Sequence[int], policy: str) -> list[in
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {policy!r}")
+    count = len(base)
     position = {i: k for k, i in enumerate(base)}
+    if len(position) != count:  # a node twice: no order runs every entry of base
+        raise RuntimeError("the runtime graph has a cycle")
     nodes = [rg.at(i) for i in base]
-    sizes = rg.sizes
-    kept = set(rg.graph_inputs) | set(rg.initializers) | set(rg.graph_outputs)
-    readers: dict[str, int] = {}
-    inputs_of: dict[int, list[str]] = {}
-    in_degree: dict[int, int] = {}
-    dependents: dict[int, list[int]] = {}
-    allocates: dict[int, int] = {}
-    for n in nodes:
-        ins = list(dict.fromkeys(t for t in n.inputs if t))
-        inputs_of[n.index] = ins
-        for t in ins:
-            readers[t] = readers.get(t, 0) + 1
-        producers = set(rg.producers_of(n))
-        in_degree[n.index] = len(producers)
-        for p in producers:
-            dependents.setdefault(p, []).append(n.index)
-        allocates[n.index] = sum(
-            sizes.nbytes(o) or 0
-            for k, o in enumerate(n.outputs)
-            if o and alias_input(n.domain, n.op, k, len(n.inputs)) is None
-        )
+    # Everything below works on positions in base: a node's key ends with its position, so
+    # positions order the walk exactly as node indices with positions as tie-breaks would.
+    producers = [set(rg.producers_of(n)) for n in nodes]
+    if policy == "default" and _runs_in_order(producers, position):
+        # Always running the earliest ready node of a topological order runs that order.
+        return list(base)
 
-    def delta(i: int) -> int:
-        freed = sum(sizes.nbytes(t) or 0 for t in inputs_of[i] if readers[t] == 1 and t not in kept)
-        return allocates[i] - freed
+    inputs_of, readers, size, kept = _inputs_read(rg, nodes)
+    in_degree = [len(ps) for ps in producers]
+    dependents = _dependents(producers, position)
+    allocates = [_allocated_bytes(n, rg.sizes) for n in nodes]
+    # freed[k]: bytes of the inputs node k is the last unrun reader of, kept up to date as the
+    # other readers run (a delta is then one subtraction, not a walk over the node's inputs).
+    freed = [sum(size[t] for t in ins if readers[t] == 1 and t not in kept) for ins in inputs_of]
 
-    key: Callable[[int], tuple[int, ...]]
+    # Keys are single integers: (rank, position) as rank * count + position, which sorts the same.
+    key: Callable[[int], int]
     if policy == "default":
-        key = lambda i: (position[i],)
+        key = lambda k: k
     elif policy == "freeing":
-        key = lambda i: (0 if delta(i) <= 0 else 1, position[i])
+        key = lambda k: (0 if allocates[k] - freed[k] <= 0 else count) + k
     else:
-        key = lambda i: (delta(i), position[i])
+        key = lambda k: (allocates[k] - freed[k]) * count + k
 
-    ready = [(key(i), i) for i in position if in_degree[i] == 0]
+    ready = [key(k) for k in range(count) if in_degree[k] == 0]
     heapq.heapify(ready)
-    done: set[int] = set()
+    done = [False] * count
     order: list[int] = []
     while ready:
-        k, i = heapq.heappop(ready)
-        if i in done:
+        queued = heapq.heappop(ready)
+        k = queued % count
+        if done[k]:
             continue
-        now = key(i)
-        if now != k:  # its inputs lost readers since it was queued
-            heapq.heappush(ready, (now, i))
+        now = key(k)
+        if now != queued:  # its inputs lost readers since it was queued
+            heapq.heappush(ready, now)
             continue
-        done.add(i)
-        order.append(i)
-        for t in inputs_of[i]:
-            readers[t] -= 1
-            if readers[t] == 1 and policy != "default":
-                for c in rg.consumer_nodes(t):
-                    if c not in done and in_degree.get(c) == 0:
-                        heapq.heappush(ready, (key(c), c))
-        for c in dependents.get(i, ()):
+        done[k] = True
+        order.append(base[k])
+        for t in inputs_of[k]:
+            left = readers[t] = readers[t] - 1
+            if left == 1 and policy != "default":
+                for i in rg.consumer_nodes(t):
+                    c = position.get(i)
+                    if c is None or done[c]:
+                        continue
+                    if t not in kept:  # c is now the last reader of t
+                        freed[c] += size[t]
+                    if in_degree[c] == 0:
+                        heapq.heappush(ready, key(c))
+        for c in dependents[k]:
             in_degree[c] -= 1
             if in_degree[c] == 0:
-                heapq.heappush(ready, (key(c), c))
-    if len(order) != len(nodes):
+                heapq.heappush(ready, key(c))
+    if len(order) != count:
         raise RuntimeError("the runtime graph has a cycle")
     return order
+
+
+def _inputs_read(
+    rg: RuntimeGraph, nodes: Sequence[RuntimeNode]
+) -> tuple[list[list[str]], dict[str, int], dict[str, int], set[str]]:
+    """Per node its distinct inputs; per tensor its readers among ``nodes`` and its bytes (0 where
+    unknown); and the tensors whose buffers no node frees (graph inputs, initializers, outputs)."""
+    inputs_of = [list(dict.fromkeys(t for t in n.inputs if t)) for n in nodes]
+    readers: dict[str, int] = {}
+    for ins in inputs_of:
+        for t in ins:
+            readers[t] = readers.get(t, 0) + 1
+    nbytes = rg.sizes.nbytes
+    size = {t: nbytes(t) or 0 for t in readers}
+    kept = set(rg.graph_inputs) | set(rg.initializers) | set(rg.graph_outputs)
+    return inputs_of, readers, size, kept
+
+
+def _allocated_bytes(n: RuntimeNode, sizes: TensorSizes) -> int:
+    """Bytes of ``n``'s outputs that need a buffer of their own (not an alias of an input)."""
+    return sum(
+        sizes.nbytes(o) or 0
+        for j, o in enumerate(n.outputs)
+        if o and alias_input(n.domain, n.op, j, len(n.inputs)) is None
+    )
+
+
+def _dependents(producers: Sequence[set[int]], position: Mapping[int, int]) -> list[list[int]]:
+    """Per position, the positions of the nodes reading it (``producers`` by position)."""
+    dependents: list[list[int]] = [[] for _ in producers]
+    for k, ps in enumerate(producers):
+        for p in ps:
+            if p in position:  # a producer outside the order never runs: its readers never get ready
+                dependents[position[p]].append(k)
+    return dependents
+
+
+def _runs_in_order(producers: Sequence[set[int]], position: Mapping[int, int]) -> bool:
+    """Whether every node's producers come before it (``producers`` by position in the order)."""
+    for k, ps in enumerate(producers):
+        for p in ps:
+            at = position.get(p)
+            if at is None or at >= k:
+                return False
+    return True
 
 
 def leaves(rg: RuntimeGraph) -> list[int]:

@@ -25,8 +25,12 @@ from onnx_remat.graph.node_list import with_nodes
 
 def model_leaves(model: onnx.ModelProto) -> list[int]:
     """Positions of the nodes none of whose outputs another node reads."""
-    read = {t for node in model.graph.node for t in node.input if t}
-    return [k for k, node in enumerate(model.graph.node) if not any(o in read for o in node.output if o)]
+    nodes = model.graph.node
+    read: set[str] = set()
+    for node in nodes:
+        read.update(node.input)
+    read.discard("")  # an omitted optional input or output is no tensor
+    return [k for k, node in enumerate(nodes) if read.isdisjoint(node.output)]
 
 
 def place_leaves(model: onnx.ModelProto, rank: Mapping[str, float]) -> onnx.ModelProto:
