@@ -68,6 +68,16 @@ def op_known(op_type: str, domain: str, imports: dict[str, int], functions: set[
 def _check_names(node: onnx.NodeProto, where: str | os.PathLike) -> None:
     """Names that are not valid UTF-8 reach Python as bytes (protobuf hands them over undecoded):
     refuse them here, with the node's position, rather than fail on them anywhere later."""
+    try:
+        # str.join refuses bytes: one C call for the usual all-text node (asked for every node)
+        "".join((node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output))
+        if node.attribute:
+            "".join([a.name for a in node.attribute])
+        if node.metadata_props:
+            "".join([x for p in node.metadata_props for x in (p.key, p.value)])
+        return
+    except TypeError:
+        pass
     names = [node.name, node.op_type, node.domain, node.doc_string, *node.input, *node.output]
     names += [a.name for a in node.attribute]
     names += [x for p in node.metadata_props for x in (p.key, p.value)]
@@ -145,15 +155,18 @@ def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "mo
     unknown: dict[tuple[str, str], str] = {}
     missing_domains: set[str] = set()
     _check_graph_names(model, where)
+    known: set[tuple[str, str]] = set()  # op_known's answers, asked once per op rather than per node
     for node in _nodes(model.graph):
         _check_names(node, where)
         domain = "" if node.domain == "ai.onnx" else node.domain
-        if (domain, node.op_type) in unknown:
+        if (domain, node.op_type) in known or (domain, node.op_type) in unknown:
             continue
         if domain not in imports and (domain, node.op_type) not in functions:
             missing_domains.add(domain or "ai.onnx")
             continue
-        if not op_known(node.op_type, domain, imports, functions):
+        if op_known(node.op_type, domain, imports, functions):
+            known.add((domain, node.op_type))
+        else:
             unknown[(domain, node.op_type)] = node.name or node.op_type
     if missing_domains:
         raise RematError(f"{where}: nodes use domain(s) without an opset import: {', '.join(sorted(missing_domains))}")
@@ -193,8 +206,14 @@ def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: in
             g.input.append(onnx.helper.make_tensor_value_info(name, init.values.data_type, list(init.dims)))
     moved = False
     if opset is not None:
+        only_runtime: dict[str, bool] = {}  # runtime_only per op type, asked once per op
         for node in _nodes(g):
-            if node.domain in _DEFAULT_DOMAINS and runtime_only(node.op_type, opset):
+            if node.domain not in _DEFAULT_DOMAINS:
+                continue
+            moves = only_runtime.get(node.op_type)
+            if moves is None:
+                moves = only_runtime[node.op_type] = runtime_only(node.op_type, opset)
+            if moves:
                 node.domain = _SKIPPED_DOMAIN
                 moved = True
     if moved:
