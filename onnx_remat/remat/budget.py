@@ -50,7 +50,7 @@ from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.pipeline import RewritePipeline
-from onnx_remat.remat.plan import RecomputePlan, Segment, Selection
+from onnx_remat.remat.plan import CloneLimitExceeded, RecomputePlan, Segment, Selection
 from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import RewriteResult, check_not_rewritten
 from onnx_remat.remat.solve import (
@@ -462,19 +462,21 @@ class BudgetPlanner:
                 p = self.model.planner
                 forward = len(self.analysis.graph.forward_nodes)
                 for source, merged in ((PER_LAYER, False), (RECOMPUTE_OUTPUTS, True)):
+                    # Staged recompute of a long chain clones O(layers^2) nodes (700 layers:
+                    # 245,000 block recomputes): not worth a reference, and not linear, so the
+                    # planner stops building it once past the limit.
+                    limit = STAGED_LIMIT * forward if merged else None
                     try:
-                        plan = p.plan(Selection(scopes=paths, recompute_outputs=merged))
-                    except RematError:
-                        continue
-                    if not plan.segments:
-                        continue
-                    if merged and sum(len(s.recompute) for s in plan.segments) > STAGED_LIMIT * forward:
-                        # Staged recompute of a long chain clones O(layers^2) nodes (700 layers:
-                        # 245,000 block recomputes): not worth a reference, and not linear.
+                        plan = p.plan(Selection(scopes=paths, recompute_outputs=merged), clone_limit=limit)
+                    except CloneLimitExceeded:
                         self.reference_notes.append(
                             f"{RECOMPUTE_OUTPUTS} not estimated as a reference: its stages would clone more "
                             f"than {STAGED_LIMIT} times the forward pass ({len(paths)} layers in a chain)"
                         )
+                        continue
+                    except RematError:
+                        continue
+                    if not plan.segments:
                         continue
                     bp = self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"])
                     bp.solution = self._reference_solution(merged)

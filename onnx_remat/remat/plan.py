@@ -200,6 +200,15 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
+class CloneLimitExceeded(RematError):
+    """:meth:`Planner.plan` stopped: its scope segments would clone more than ``clone_limit`` nodes."""
+
+    def __init__(self, cloned: int, limit: int):
+        super().__init__(f"the plan clones more than {limit} nodes ({cloned} built so far)")
+        self.cloned = cloned
+        self.limit = limit
+
+
 class Planner:
     """Builds a :class:`RecomputePlan`; see the module docstring for the semantics."""
 
@@ -210,6 +219,7 @@ class Planner:
         self.dropout = check_dropout_mode(dropout)
         self._opset = default_opset(tg.mg.source)
         self._keep_bytes: set[int] = set()  # Dropouts whose masks stay bytes in packed mode
+        self._clone_limit: int | None = None  # of the plan() call under way
         self._stashed = {t.name for t in tg.stashed}
         self._index: tuple[list[gs.Node], dict[str, list[gs.Node]], dict[str, gs.Node]] | None = None
         self._graph_outputs = {t.name for t in tg.graph.outputs}
@@ -274,10 +284,16 @@ class Planner:
 
     # -- building segments -------------------------------------------------------------------
 
-    def plan(self, selection: Selection) -> RecomputePlan:
-        """Plan segments for ``selection``. Raises :class:`RematError` for selections matching nothing."""
+    def plan(self, selection: Selection, *, clone_limit: int | None = None) -> RecomputePlan:
+        """Plan segments for ``selection``. Raises :class:`RematError` for selections matching nothing.
+
+        ``clone_limit``: raise :class:`CloneLimitExceeded` as soon as the scope segments built so
+        far clone more nodes than this (the stages of a long ``--recompute-outputs`` chain clone
+        O(layers^2) nodes: a caller that would discard such a plan stops before building it).
+        """
         if selection.is_empty():
             raise RematError("nothing selected: give --scope, --op-type or --node")
+        self._clone_limit = clone_limit
         kept, skipped, notes = self._build(selection)
         if self.dropout == "packed":
             # The segment the backward pass recomputes first needs its masks right after the
@@ -365,7 +381,8 @@ class Planner:
             for i in range(len(scopes)):
                 by_root.setdefault(uf.find(i), []).append(i)
             groups = list(by_root.values())
-        segments = []
+        segments: list[Segment] = []
+        cloned = 0
         for g in groups:
             nodes = [n for i in g for n in members[i]]
             paths = [scopes[i].path for i in g]
@@ -374,7 +391,9 @@ class Planner:
                 seg = self._scope_segment(label, paths, nodes)
                 staged = [seg] if seg is not None else []
             else:
-                staged = self._staged_group(label, [scopes[i] for i in g], nodes, notes)
+                staged = self._staged_group(label, [scopes[i] for i in g], nodes, notes, cloned)
+            cloned += sum(len(s.recompute) for s in staged)
+            self._check_clones(cloned)
             if not staged:
                 notes.append(
                     f"scope {label}: no stored activation can be recomputed (none is read by the "
@@ -383,7 +402,13 @@ class Planner:
             segments.extend(staged)
         return segments
 
-    def _staged_group(self, label: str, scopes, nodes: list[gs.Node], notes: list[str]) -> list[Segment]:
+    def _check_clones(self, cloned: int) -> None:
+        if self._clone_limit is not None and cloned > self._clone_limit:
+            raise CloneLimitExceeded(cloned, self._clone_limit)
+
+    def _staged_group(
+        self, label: str, scopes, nodes: list[gs.Node], notes: list[str], cloned: int = 0
+    ) -> list[Segment]:
         """Merged scopes (``--recompute-outputs``): their outputs are not stored either.
 
         The group is recomputed in *stages*, one per scope: each stage recomputes, when the backward
@@ -416,6 +441,8 @@ class Planner:
             if seg is not None:
                 seg.group = label
                 stages.append(seg)
+                cloned += len(seg.recompute)
+                self._check_clones(cloned)  # before the next stage, which clones more than this one
         scope_nodes = sum(len(s.recompute) for s in stages)
         group_nodes = len(candidates)
         notes.append(

@@ -15,6 +15,32 @@ def blocks10():
     return analyze_model(artifacts_dir("blocks10"))
 
 
+def test_clone_limit_stops_a_staged_plan_before_it_is_built(blocks10, monkeypatch):
+    """The stages of a long --recompute-outputs chain clone O(layers^2) nodes; with ``clone_limit``
+    the planner stops at the first stage past it instead of building them all."""
+    from onnx_remat.remat import plan as plan_module
+
+    selection = plan_module.Selection(scopes=["Block"], recompute_outputs=True)
+    planner = plan_module.Planner(blocks10.graph, blocks10.scopes, blocks10.sizes)
+    full = planner.plan(selection)
+    cloned = sum(len(s.recompute) for s in full.segments)
+    assert planner.plan(selection, clone_limit=cloned).segments  # at the limit: built in full
+    built: list[int] = []
+    real = plan_module.Planner._segment
+    monkeypatch.setattr(
+        plan_module.Planner,
+        "_segment",
+        lambda self, *a: built.append(1) or real(self, *a),  # type: ignore[func-returns-value]
+    )
+    limit = len(full.segments[0].recompute) + 1
+    with pytest.raises(plan_module.CloneLimitExceeded) as stopped:
+        planner.plan(selection, clone_limit=limit)
+    assert stopped.value.limit == limit and stopped.value.cloned > limit
+    assert len(built) == 2  # the first two stages, not all ten
+    # The limit is of that call only.
+    assert [s.label for s in planner.plan(selection).segments] == [s.label for s in full.segments]
+
+
 def test_per_block_plan(blocks10):
     p = plan(blocks10, scopes="Block", dropout="byte")
     assert [s.label for s in p.segments] == [f"blocks.{i}" for i in range(10)]
