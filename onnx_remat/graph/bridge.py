@@ -57,6 +57,15 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+def _cut(obj: gs.Node | gs.Tensor) -> None:
+    """Empty ``obj``'s edge lists and unhook them from it (each SynchronizedList refers back to its
+    owner: a cycle per object). list.clear, not the SynchronizedList's own clear, which would
+    update the other end of every edge, cut here as well."""
+    for edges in (obj.inputs, obj.outputs):
+        list.clear(edges)
+        edges.parent_obj = None
+
+
 @dataclass
 class NodeExtras:
     """The per-node fields graphsurgeon does not carry."""
@@ -94,6 +103,25 @@ class ModelGraph:
     def source(self) -> onnx.ModelProto:
         """The model this graph was imported from (not modified by edits to ``graph``)."""
         return self._source
+
+    def release(self) -> None:
+        """Break the graph's node <-> tensor reference cycles; the graph is unusable afterwards.
+
+        Call it on a graph nothing will read again (a rewrite's working copy once its model is
+        written): reference counting then frees its ~10 objects per node at once. Left cyclic,
+        they wait for the cyclic collector, whose passes over them cost more than the rewrite's
+        export at 10^4-10^5 nodes (measured: 1.9 s of a 21k-node ``apply``).
+        """
+        for node in self.graph.nodes:
+            for t in node.inputs:
+                _cut(t)
+            for t in node.outputs:
+                _cut(t)
+            _cut(node)
+        for t in (*self.graph.inputs, *self.graph.outputs):
+            _cut(t)
+        self.graph.nodes = []
+        self._extras = {}
 
     def copy(self) -> GraphCopy:
         """An independent copy of this graph, as if imported again (0.44 s instead of 1.1 s CPU on 21k nodes).

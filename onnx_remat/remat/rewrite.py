@@ -186,6 +186,10 @@ class RecomputeRewrite:
         # (hundreds of MiB at 10^5 nodes), once the model is written.
         caller = {id(w): s for w, s in zip(work_plan.segments, plan.segments)}
         result.segments = [dataclasses.replace(r, segment=caller[id(r.segment)]) for r in result.segments]
+        # What this pass kept of the copy goes too, and the copy's cycles are broken so that it is
+        # freed now rather than scanned by the cyclic collector.
+        self._constants, self._anchored, self._anchors, self._packs_nodes, self._packs = {}, {}, {}, {}, {}
+        work.mg.release()
         return result
 
     # -- preconditions -------------------------------------------------------------------------

@@ -150,3 +150,26 @@ def test_a_graph_with_subgraphs_is_imported_again():
     assert c.tensor(mg.graph.inputs[1]).name == "x" and c.tensor(mg.graph.inputs[1]) is not mg.graph.inputs[1]
     # (graphsurgeon writes subgraphs differently from the source: the copy writes what the original writes)
     assert c.mg.to_model().SerializeToString() == mg.to_model().SerializeToString()
+
+
+def test_released_graph_is_freed_without_the_cyclic_collector():
+    """release() breaks the node <-> tensor cycles, so dropping the graph frees it by reference
+    counting alone; a graph not released stays until the cyclic collector runs."""
+    import gc
+    import weakref
+
+    model = onnx.load(str(ARTIFACTS / "blocks10/training_model.onnx"))
+    gc.collect()
+    gc.disable()
+    try:
+        kept = ModelGraph(model).copy().mg
+        kept_ref = weakref.ref(kept.graph.nodes[0])
+        released = ModelGraph(model).copy().mg
+        released_refs = [weakref.ref(released.graph.nodes[0]), weakref.ref(released.graph.nodes[0].outputs[0])]
+        released.release()
+        del kept, released
+        assert all(r() is None for r in released_refs)
+        assert kept_ref() is not None  # the cycles of an unreleased graph wait for the collector
+    finally:
+        gc.enable()
+        gc.collect()
