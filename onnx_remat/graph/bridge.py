@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -37,6 +38,12 @@ import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import Message
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, check_duplicate_node_names, dtype_to_onnx
+from onnx_graphsurgeon.importers.onnx_importer import (
+    OnnxImporter,
+    get_onnx_tensor_dtype,
+    get_onnx_tensor_shape,
+    get_onnx_tensor_type,
+)
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
@@ -85,7 +92,7 @@ class ModelGraph:
     def __init__(self, model: onnx.ModelProto):
         self._source = model
         with _gc_paused():
-            self.graph: gs.Graph = gs.import_onnx(model)
+            self.graph: gs.Graph = import_graph(model)
         self._extras: dict[int, NodeExtras] = {}
         for node, proto in zip(self.graph.nodes, model.graph.node):
             if proto.doc_string or proto.metadata_props:
@@ -269,6 +276,121 @@ class GraphCopy:
 
     def tensor(self, tensor: gs.Tensor) -> gs.Tensor:
         return self.tensors[id(tensor)]
+
+
+_SUBGRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+
+
+def import_graph(model: onnx.ModelProto) -> gs.Graph:
+    """``gs.import_onnx(model)``, the same graph built about 3x faster (models with local functions,
+    sparse initializers or subgraphs go to ``gs.import_onnx`` itself).
+
+    Tensors are made as graphsurgeon's importer makes them (its own ``import_tensor`` for
+    initializers and attribute tensors, its own dtype/shape/type readers for value_info, the
+    same precedence between initializers, value_info, graph inputs and outputs); nodes and
+    variables are built with ``__new__`` and their edge lists filled directly, where the
+    constructors add each edge through ``SynchronizedList`` one call at a time (a third of the
+    import). tests/graph/test_bridge_copy.py compares both imports object by object.
+    """
+    graph = model.graph
+    if (
+        model.functions
+        or graph.sparse_initializer
+        or any(a.type in _SUBGRAPH_ATTRS for n in graph.node for a in n.attribute)
+    ):
+        return gs.import_onnx(model)
+    opset = OnnxImporter.get_opset(model)
+    domains = OnnxImporter.get_import_domains(model)
+    tensors: dict[str, gs.Tensor] = {}
+    for init in graph.initializer:
+        if init.name not in tensors:
+            tensors[init.name] = OnnxImporter.import_tensor(init)
+    for vi in graph.value_info:
+        known = tensors.get(vi.name)
+        if known is None:
+            tensors[vi.name] = _variable(vi)
+        elif isinstance(known, gs.Variable):  # graphsurgeon keeps what the first one had
+            new = _variable(vi)
+            d = known.__dict__
+            d["dtype"] = known.dtype or new.dtype
+            d["shape"] = known.shape or new.shape
+    initializers = {init.name for init in graph.initializer}
+    inputs = [_known(tensors, vi) for vi in graph.input if vi.name not in initializers]
+    outputs = [_known(tensors, vi) for vi in graph.output]
+    empty_attrs: dict = {}
+    nodes = []
+    for proto in graph.node:
+        node = object.__new__(gs.Node)
+        node_inputs = [_named(tensors, name) for name in proto.input]
+        node_outputs = [_named(tensors, name) for name in proto.output]
+        attrs = (
+            OnnxImporter.import_attributes(proto.attribute, empty_attrs, tensors, opset, domains)
+            if proto.attribute
+            else OrderedDict()
+        )
+        node.__dict__.update(
+            op=proto.op_type,
+            name=proto.name,
+            attrs=attrs,
+            inputs=_synced(node, "outputs"),
+            outputs=_synced(node, "inputs"),
+            domain=proto.domain if proto.HasField("domain") else None,
+        )
+        list.extend(node.inputs, node_inputs)
+        for t in node_inputs:
+            list.append(t.outputs, node)
+        list.extend(node.outputs, node_outputs)
+        for t in node_outputs:
+            list.append(t.inputs, node)
+        nodes.append(node)
+    return gs.Graph(
+        nodes=nodes,
+        inputs=inputs,
+        outputs=outputs,
+        name=graph.name,
+        doc_string=graph.doc_string,
+        producer_name=model.producer_name,
+        producer_version=model.producer_version,
+        opset=opset,
+        import_domains=domains,
+        functions=[],
+        ir_version=model.ir_version,
+    )
+
+
+def _new_variable(name: str, dtype=None, shape=None, type: str = "tensor_type") -> gs.Variable:
+    """``gs.Variable(name, dtype, shape, type)`` without its constructor (see :func:`import_graph`)."""
+    v = object.__new__(gs.Variable)
+    v.__dict__.update(
+        name=name, inputs=_synced(v, "outputs"), outputs=_synced(v, "inputs"), dtype=dtype, shape=shape, type=type
+    )
+    return v
+
+
+def _variable(vi: onnx.ValueInfoProto) -> gs.Variable:
+    """The tensor graphsurgeon's ``import_tensor`` makes of a ValueInfoProto."""
+    if vi.type.ByteSize() > 0:
+        return _new_variable(vi.name, get_onnx_tensor_dtype(vi), get_onnx_tensor_shape(vi), get_onnx_tensor_type(vi))
+    return _new_variable(vi.name)
+
+
+def _known(tensors: dict[str, gs.Tensor], vi: onnx.ValueInfoProto) -> gs.Tensor:
+    """A graph input's or output's tensor: the one already imported by that name, else a new one."""
+    t = tensors.get(vi.name)
+    if t is None:
+        t = tensors[vi.name] = _variable(vi)
+    return t
+
+
+def _named(tensors: dict[str, gs.Tensor], name: str) -> gs.Tensor:
+    """A node's input or output by name: an omitted optional one is a new empty Variable each
+    time (graphsurgeon tracks none), an unknown one a new Variable without type or shape."""
+    if not name:
+        return _new_variable("")
+    t = tensors.get(name)
+    if t is None:
+        t = tensors[name] = _new_variable(name)
+    return t
 
 
 def _synced(parent: object, field_name: str) -> SynchronizedList:

@@ -173,3 +173,76 @@ def test_released_graph_is_freed_without_the_cyclic_collector():
     finally:
         gc.enable()
         gc.collect()
+
+
+def _tensor_fields(graph: gs.Graph) -> list:
+    """Every tensor's fields but its edges (those are in _edges), and which tensor objects the
+    nodes share."""
+    out = []
+    for name, t in graph.tensors().items():
+        d = {k: v for k, v in t.__dict__.items() if k not in ("inputs", "outputs", "_values")}
+        values = t.__dict__.get("_values")
+        if values is not None:
+            d["_values"] = (type(values).__name__, values.tensor.SerializeToString())
+        out.append((name, type(t).__name__, sorted((k, repr(v)) for k, v in d.items())))
+    index: dict[int, int] = {}
+    shared = [[index.setdefault(id(t), len(index)) for t in n.inputs + n.outputs] for n in graph.nodes]
+    return [
+        out,
+        shared,
+        sorted((k, repr(v)) for k, v in graph.__dict__.items() if k not in ("nodes", "inputs", "outputs")),
+    ]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_import_graph_builds_what_graphsurgeon_imports(name):
+    from onnx_remat.graph.bridge import import_graph
+
+    model = onnx.load(str(ARTIFACTS / name))
+    ours, theirs = import_graph(model), gs.import_onnx(model)
+    assert _edges(ours) == _edges(theirs)
+    assert _tensor_fields(ours) == _tensor_fields(theirs)
+    assert [(n.__dict__.keys(), type(n.attrs), repr(n.attrs)) for n in ours.nodes] == [
+        (n.__dict__.keys(), type(n.attrs), repr(n.attrs)) for n in theirs.nodes
+    ]
+
+
+def test_import_graph_keeps_graphsurgeons_precedence_for_odd_graphs():
+    """Names graphsurgeon resolves by precedence: an initializer also declared in value_info and as
+    an input, a value_info repeated with more detail, an omitted optional input (a new empty tensor
+    each time), a tensor no node or declaration makes, a Constant attribute."""
+    from onnx import TensorProto, helper
+
+    from onnx_remat.graph.bridge import import_graph
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0])
+    nodes = [
+        helper.make_node("Add", ["x", "w"], ["y"], name="add"),
+        helper.make_node("Clip", ["y", "", "nowhere"], ["z"], name="clip"),
+        helper.make_node("Clip", ["z", ""], ["u"], name="clip2"),
+        helper.make_node(
+            "Constant", [], ["c"], name="const", value=helper.make_tensor("v", TensorProto.FLOAT, [1], [3.0])
+        ),
+        helper.make_node("Mul", ["u", "c"], ["out"], name="mul"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [2]),
+        ],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)],
+        initializer=[w],
+        value_info=[
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [2]),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"]),
+            helper.make_tensor_value_info("out", TensorProto.FLOAT, [2]),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    ours, theirs = import_graph(model), gs.import_onnx(model)
+    assert _edges(ours) == _edges(theirs)
+    assert _tensor_fields(ours) == _tensor_fields(theirs)
+    assert [repr(n.attrs) for n in ours.nodes] == [repr(n.attrs) for n in theirs.nodes]
