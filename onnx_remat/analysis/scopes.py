@@ -115,8 +115,17 @@ class ScopeTree:
         """
         matched: dict[int, Scope] = {}
         by_pattern: dict[str, list[Scope]] = {}
+        scopes = self.scopes()
+        literal: dict[str, list[int]] | None = None  # name -> positions in ``scopes``, built once
         for pattern in patterns:
-            hits = [s for s in self.scopes() if _matches(pattern, s)]
+            if any(c in pattern for c in "*?["):
+                hits = [s for s in scopes if _matches(pattern, s)]
+            else:
+                # A pattern without wildcards matches a path, a short or a full class name exactly:
+                # looked up, not compared with every scope (a budget asks for every layer by path).
+                if literal is None:
+                    literal = _literal_index(scopes)
+                hits = [scopes[k] for k in literal.get(pattern, [])]
             if not hits:
                 raise RematError(self._no_match_message(pattern))
             by_pattern[pattern] = hits
@@ -193,6 +202,19 @@ def _segment_regex(segment: str) -> str:
             out.append(re.escape(ch))
         i += 1
     return "".join(out)
+
+
+def _literal_index(scopes: list[Scope]) -> dict[str, list[int]]:
+    """Positions of the scopes each literal pattern matches (:func:`_matches` without wildcards:
+    the path, the short class name or the full class name equal to it), ascending."""
+    index: dict[str, list[int]] = {}
+    for k, scope in enumerate(scopes):
+        names = {scope.path}
+        if scope.class_name:
+            names.update((scope.short_class or scope.class_name, scope.class_name))
+        for name in names:
+            index.setdefault(name, []).append(k)
+    return index
 
 
 @functools.lru_cache(maxsize=256)

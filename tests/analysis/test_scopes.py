@@ -89,3 +89,18 @@ def test_pattern_matching_nothing_names_the_closest_scopes(analyses):
         analyses["blocks10"].scopes.match(["Blok"])
     with pytest.raises(RematError, match=r"'block.0' matches no scope; closest: blocks\.0"):
         analyses["blocks10"].scopes.match(["block.0"])
+
+
+@pytest.mark.parametrize("name", ["blocks10", "blocks10_dynamo", "gpt", "resnet", "fc5"])
+def test_literal_patterns_are_looked_up_as_every_scope_would_be_compared(name):
+    """A pattern without wildcards is looked up by path and class names; the hits, and their order,
+    are those of comparing it with every scope."""
+    tree = analyze_model(artifacts_dir(name)).scopes
+    scopes = tree.scopes()
+    patterns = {p for s in scopes for p in (s.path, s.short_class, s.class_name) if p}
+    assert patterns
+    for pattern in sorted(patterns):
+        assert tree.match([pattern]).by_pattern[pattern] == [s for s in scopes if _matches(pattern, s)]
+    every_path = [s.path for s in scopes]
+    both = tree.match(every_path)
+    assert both.by_pattern == {p: [s for s in scopes if _matches(p, s)] for p in every_path}
