@@ -283,6 +283,15 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
             stub = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
             inits[t.name] = stub
     nodes: list[RuntimeNode | None] = []
+    # The producer / consumer maps are built as the nodes are read (what ``reindex`` builds, in
+    # the same order), rather than in a second walk over every node; so are the producers of each
+    # node (``producers_of``, which the first DEFAULT order asks of every node), valid unless some
+    # node writes a tensor an earlier node wrote or read (a graph not sorted: then left to be
+    # computed on demand).
+    producer: dict[str, int] = {}
+    consumers: dict[str, list[int]] = {}
+    prods: dict[int, list[int]] = {}
+    sorted_graph = True
     for proto in g.node:
         domain = proto.domain
         if domain == "ai.onnx":
@@ -300,7 +309,25 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
                 inits[t.name] = t
                 continue
         name = proto.name
-        nodes.append(RuntimeNode(len(nodes), name, op, domain, proto.input[:], outputs, node_attrs(proto), (name,)))
+        index = len(nodes)
+        ins = proto.input[:]
+        nodes.append(RuntimeNode(index, name, op, domain, ins, outputs, node_attrs(proto), (name,)))
+        for o in outputs:
+            if o:
+                if o in producer or o in consumers:
+                    sorted_graph = False
+                producer[o] = index
+        ps = prods[index] = []
+        for t in ins:
+            if t:
+                readers = consumers.get(t)
+                if readers is None:
+                    consumers[t] = [index]
+                else:
+                    readers.append(index)
+                p = producer.get(t)
+                if p is not None:
+                    ps.append(p)
     rg = RuntimeGraph(
         nodes=nodes,
         graph_inputs=inputs,
@@ -309,8 +336,10 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
         constants={n for n in inits if n not in input_set},
         sizes=sizes,
         opset=next((op.version for op in model.opset_import if op.domain in ("", "ai.onnx")), 0),
+        producer=producer,
+        consumers=consumers,
+        _prods=prods if sorted_graph else {},
     )
-    rg.reindex()
     return rg
 
 

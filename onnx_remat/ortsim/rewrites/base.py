@@ -52,14 +52,17 @@ class RuleBasedTransformer(GraphPass):
         self.rules_of: dict[tuple[str, str], list[NodeRule]] = {
             key: [r for r in self.rules if key in r.ops] for key in self.ops
         }
+        # The op types (without domain) some rule looks at: the walk tests a node's op against this
+        # set before it builds its (domain, op) key, since most nodes have no rule.
+        self.op_names = frozenset(op for _, op in self.ops)
 
     def apply(self, rg: RuntimeGraph) -> bool:
         changed = False
-        rules_of = self.rules_of
+        rules_of, op_names = self.rules_of, self.op_names
         nodes = rg.nodes
         for i in rg.default_order():
             node = nodes[i]
-            if node is None:
+            if node is None or node.op not in op_names:
                 continue
             for rule in rules_of.get((node.domain, node.op), ()):
                 if rule.apply(rg, node):

@@ -12,6 +12,8 @@ from onnx_remat.graph.conventions import MS_DOMAIN as MS
 from onnx_remat.ortsim.graph import FLOAT_TYPES, RuntimeGraph, RuntimeNode, constant_value, rank
 from onnx_remat.ortsim.rewrites.base import GraphPass
 
+_MATMUL_OPS = frozenset({"MatMul", "FusedMatMul"})  # the op types both walks look at (any domain)
+
 
 def _transpose_for_matmul(rg: RuntimeGraph, tensor: str) -> tuple[RuntimeNode, bool, bool] | None:
     """The Transpose producing ``tensor`` if MatmulTransposeFusion can fold it: (node, trans, trans_batch)."""
@@ -60,8 +62,8 @@ def _matmul_transpose_fusion(rg: RuntimeGraph) -> bool:
 
     for i in rg.default_order():
         node = rg.nodes[i]
-        if node is None:
-            continue
+        if node is None or node.op not in _MATMUL_OPS:
+            continue  # the common case, without building the node's key
         is_fused = node.key == (MS, "FusedMatMul")
         if not (node.key == ("", "MatMul") or is_fused) or len(node.inputs) < 2:
             continue
@@ -150,7 +152,9 @@ def _matmul_scale_fusion(rg: RuntimeGraph) -> bool:
     changed = False
     for i in rg.default_order():
         node = rg.nodes[i]
-        if node is None or not (node.key == ("", "MatMul") or node.key == (MS, "FusedMatMul")):
+        if node is None or node.op not in _MATMUL_OPS:
+            continue  # the common case, without building the node's key
+        if not (node.key == ("", "MatMul") or node.key == (MS, "FusedMatMul")):
             continue
         if any(rg.sizes.elem_type(t) not in FLOAT_TYPES for t in node.inputs[:2]):
             continue
