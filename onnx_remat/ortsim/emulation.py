@@ -23,7 +23,7 @@ import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.random_order import flipped_pairs, pin_random_order, random_ops
-from onnx_remat.ortsim.graph import RuntimeGraph, runtime_graph
+from onnx_remat.ortsim.graph import RuntimeGraph, node_io, runtime_graph
 from onnx_remat.ortsim.optimizer import optimize
 from onnx_remat.ortsim.order import order_from_names
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
@@ -130,10 +130,11 @@ def emulate(
     graph as written, without onnxruntime's rewrites; ``execution_order`` (node names as
     onnxruntime ran them, e.g. from a profile) replaces the emulated DEFAULT order.
     """
+    io = node_io(model)  # the nodes' names, read once for both
     if not shapes_known:
         sizes = sizes.copy()
-        infer_runtime_shapes(model, sizes)
-    rg = runtime_graph(model, sizes)
+        infer_runtime_shapes(model, sizes, io=io)
+    rg = runtime_graph(model, sizes, io=io)
     first_added = len(rg.nodes)
     if optimizations:
         optimize(rg)

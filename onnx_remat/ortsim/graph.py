@@ -270,9 +270,28 @@ def node_attrs(proto: onnx.NodeProto) -> dict:
     return attrs
 
 
-def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 64) -> RuntimeGraph:
-    """The model as onnxruntime loads it (``Constant`` nodes turned into initializers), unoptimized."""
+# The input and the output names of each node of a model's graph, in node order, as new lists.
+NodeIO = tuple[list[list[str]], list[list[str]]]
+
+
+def node_io(model: onnx.ModelProto) -> NodeIO:
+    """The input and output names of each of ``model``'s nodes (new lists, which the reader may
+    keep). Read once where both :func:`~onnx_remat.ortsim.shapes.infer_runtime_shapes` and
+    :func:`runtime_graph` read a model: each read of a proto's repeated field makes new strings,
+    and every node of every emulated graph is read."""
+    nodes = model.graph.node
+    return [n.input[:] for n in nodes], [n.output[:] for n in nodes]  # [:] is faster than list()
+
+
+def runtime_graph(
+    model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 64, io: NodeIO | None = None
+) -> RuntimeGraph:
+    """The model as onnxruntime loads it (``Constant`` nodes turned into initializers), unoptimized.
+
+    ``io``: :func:`node_io` of ``model``, if read already; its lists become the nodes' own (the
+    optimizer edits them), so it is not to be read again."""
     g = model.graph
+    all_inputs, all_outputs = io if io is not None else node_io(model)
     inputs = [v.name for v in g.input]
     input_set = set(inputs)
     inits: dict[str, onnx.TensorProto] = {}
@@ -292,12 +311,11 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
     consumers: dict[str, list[int]] = {}
     prods: dict[int, list[int]] = {}
     sorted_graph = True
-    for proto in g.node:
+    for proto, ins, outputs in zip(g.node, all_inputs, all_outputs):
         domain = proto.domain
         if domain == "ai.onnx":
             domain = ""
         op = proto.op_type
-        outputs = proto.output[:]  # a list; [:] is faster than list() on a proto's field
         if op == "Constant" and domain == "" and len(outputs) == 1:
             value = next(
                 (a.t for a in proto.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR), None
@@ -310,7 +328,6 @@ def runtime_graph(model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_el
                 continue
         name = proto.name
         index = len(nodes)
-        ins = proto.input[:]
         nodes.append(RuntimeNode(index, name, op, domain, ins, outputs, node_attrs(proto), (name,)))
         for o in outputs:
             if o:

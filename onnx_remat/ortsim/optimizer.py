@@ -41,7 +41,7 @@ from __future__ import annotations
 import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.ortsim.graph import RuntimeGraph, runtime_graph
+from onnx_remat.ortsim.graph import RuntimeGraph, node_io, runtime_graph
 from onnx_remat.ortsim.rewrites.base import GraphPass, RuleBasedTransformer
 from onnx_remat.ortsim.rewrites.constants import ConstantFolding, ConstantSharing
 from onnx_remat.ortsim.rewrites.cse import CommonSubexpressionElimination
@@ -106,6 +106,7 @@ def execution_order(model: onnx.ModelProto, sizes: TensorSizes) -> list[str]:
     from onnx_remat.ortsim.shapes import infer_runtime_shapes
 
     runtime_sizes = sizes.copy()
-    infer_runtime_shapes(model, runtime_sizes)
-    rg = optimize(runtime_graph(model, runtime_sizes))
+    io = node_io(model)
+    infer_runtime_shapes(model, runtime_sizes, io=io)
+    rg = optimize(runtime_graph(model, runtime_sizes, io=io))
     return [name for i in rg.default_order() for name in rg.at(i).origin]

@@ -28,7 +28,7 @@ from onnx import TensorProto, helper
 from onnx_remat.analysis.sizes import Dim, TensorSizes
 from onnx_remat.graph.conventions import MS_DOMAIN as MS
 from onnx_remat.graph.toposort import index_order
-from onnx_remat.ortsim.graph import element_count, node_attrs
+from onnx_remat.ortsim.graph import NodeIO, element_count, node_attrs, node_io
 
 Shape = tuple[Dim, ...]
 # A rule gets (input shapes, input element types, attributes) and returns per output
@@ -221,16 +221,18 @@ def _type_proto(elem_type: int, dims: Sequence[Dim]) -> onnx.TypeProto:
 
 
 def infer_runtime_shapes(
-    model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 1024
+    model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 1024, io: NodeIO | None = None
 ) -> RuntimeShapeReport:
-    """Infer the shapes onnxruntime would know and add them to ``sizes`` (see the module docstring)."""
+    """Infer the shapes onnxruntime would know and add them to ``sizes`` (see the module docstring).
+
+    ``io``: :func:`~onnx_remat.ortsim.graph.node_io` of ``model``, if read already (not changed)."""
     nodes = list(model.graph.node)
     inference = _NodeInference(model, sizes, lambda: _small_constants(model.graph, nodes, max_constant_elements))
     report = inference.report
     declared = sizes.declared
-    # Names read once (each read of a proto's repeated field makes new strings).
-    inputs = [node.input[:] for node in nodes]  # lists; [:] is faster than list() on a proto's field
-    outputs = [[o for o in node.output if o] for node in nodes]
+    # Names read once (each read of a proto's repeated field makes new strings); no empty output.
+    inputs, all_outputs = io if io is not None else node_io(model)
+    outputs = [outs if "" not in outs else [o for o in outs if o] for outs in all_outputs]
     for i in _topological_order(inputs, outputs):
         node, outs = nodes[i], outputs[i]
         if not outs or all(declared(o) for o in outs):
