@@ -41,7 +41,8 @@ def element_count(dims: Iterable[int]) -> int:
 
 @dataclass(eq=False, slots=True)  # slots: tens of thousands per graph, read in every pass
 class RuntimeNode:
-    """One node as onnxruntime holds it: ``index`` orders the DEFAULT execution order."""
+    """One node as onnxruntime holds it: ``index`` orders the DEFAULT execution order; ``attrs``
+    its attributes as Python values (:func:`node_attrs`)."""
 
     index: int
     name: str
@@ -49,8 +50,18 @@ class RuntimeNode:
     domain: str
     inputs: list[str]
     outputs: list[str]
-    attrs: dict
+    # The attributes, or the model's node to read them from when first asked: most nodes' are
+    # never asked for (only the few op types a rewrite looks at, and nodes CSE finds otherwise
+    # equal), and reading them was a large part of loading a graph.
+    _attrs: dict | onnx.NodeProto
     origin: tuple[str, ...]  # names of the model's nodes this node stands for
+
+    @property
+    def attrs(self) -> dict:
+        attrs = self._attrs
+        if isinstance(attrs, onnx.NodeProto):
+            attrs = self._attrs = node_attrs(attrs)
+        return attrs
 
     @property
     def key(self) -> tuple[str, str]:
@@ -328,7 +339,7 @@ def runtime_graph(
                 continue
         name = proto.name
         index = len(nodes)
-        nodes.append(RuntimeNode(index, name, op, domain, ins, outputs, node_attrs(proto), (name,)))
+        nodes.append(RuntimeNode(index, name, op, domain, ins, outputs, proto, (name,)))
         for o in outputs:
             if o:
                 if o in producer or o in consumers:

@@ -9,8 +9,9 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.toposort import index_order
-from onnx_remat.ortsim.graph import _read_constant, element_count
+from onnx_remat.ortsim.graph import _read_constant, element_count, node_attrs, runtime_graph
 from onnx_remat.ortsim.shapes import _topological_order
 
 
@@ -66,3 +67,44 @@ def test_constants_read_as_numpy_helper_reads_them(tensor):
 @pytest.mark.parametrize("dims", [[], [0], [3, 4], [2**40, 2**40]])
 def test_element_count_is_numpys(dims):
     assert element_count(dims) == int(np.prod(dims, dtype=np.int64))
+
+
+def _random_graph(rng: random.Random, sort: bool) -> onnx.ModelProto:
+    """Random nodes over a few names (some written twice, some read before written, optional
+    inputs and outputs left empty), with attributes of several types."""
+    names = "abcdefgh"
+    nodes = []
+    for k in range(rng.randint(1, 8)):
+        ins = [rng.choice(names + "xx  ").strip() for _ in range(rng.randint(0, 3))]
+        outs = [rng.choice(names + " ").strip() for _ in range(rng.randint(1, 2))]
+        attrs = rng.choice(
+            [
+                {},
+                {"axis": 1},
+                {"alpha": 0.5, "perm": [1, 0]},
+                {"mode": "x", "axes": [0], "value": helper.make_tensor("v", 1, [1], [1.0])},
+            ]
+        )
+        nodes.append(helper.make_node(rng.choice(["Relu", "Add", "Shape"]), ins, outs, name=f"n{k}", **attrs))
+    if sort:
+        nodes = [nodes[i] for i in index_order([n.input for n in nodes], [n.output for n in nodes])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])], [])
+    return helper.make_model(graph)
+
+
+def test_loaded_graph_is_what_reindex_and_node_attrs_give():
+    """runtime_graph builds the producer / consumer maps and each node's producers as it reads
+    the nodes, and reads attributes when first asked: the same as the general code."""
+    rng = random.Random(2)
+    for trial in range(600):
+        model = _random_graph(rng, sort=trial % 2 == 0)
+        rg = runtime_graph(model, TensorSizes(model))
+        loaded = (dict(rg.producer), {t: list(r) for t, r in rg.consumers.items()}, dict(rg._prods))
+        for n in rg.live():
+            assert n.attrs == node_attrs(model.graph.node[n.index])
+            assert rg.producers_of(n) == [rg.producer[t] for t in n.inputs if t in rg.producer]
+        rg.reindex()
+        assert loaded[0] == rg.producer and loaded[1] == rg.consumers
+        for n in rg.live():  # cached producers, where the load computed them, are the general ones
+            if n.index in loaded[2]:
+                assert loaded[2][n.index] == rg.producers_of(n)
