@@ -11,6 +11,7 @@ import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 import onnx
@@ -26,7 +27,7 @@ FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 # random ops, and DropoutGrad, which (like Dropout) onnxruntime treats as not deterministic.
 NOT_MERGED = RANDOM_OPS | {"DropoutGrad"}
 _INT64_MAX = 2**63 - 1
-_SHAPE_OPS = frozenset({("", "Shape"), ("", "Size")})  # run right after their input's producer
+_SHAPE_OP_TYPES = frozenset({"Shape", "Size"})  # (default domain) run right after their input's producer
 
 
 def element_count(dims: Iterable[int]) -> int:
@@ -236,7 +237,6 @@ class RuntimeGraph:
         return list(order)
 
     def _default_order(self) -> list[int]:
-        has_consumer: set[int] = set()
         indices: list[int] = []
         follow: dict[int, int] = {}
         cached, producer = self._prods, self.producer
@@ -245,14 +245,15 @@ class RuntimeGraph:
                 continue
             index = n.index
             indices.append(index)
-            ps = cached.get(index)  # producers_of, inlined: asked for every node of every order
-            if ps is None:
-                ps = cached[index] = [producer[t] for t in n.inputs if t in producer]
-            if ps:
-                has_consumer.update(ps)
-                if (n.domain, n.op) in _SHAPE_OPS:
+            if index not in cached:  # producers_of, inlined: asked for every node of every order
+                cached[index] = [producer[t] for t in n.inputs if t in producer]
+            if n.op in _SHAPE_OP_TYPES and n.domain == "":
+                ps = cached[index]
+                if ps:
                     follow[index] = ps[0]
-        # The cache now holds every live node's producers (and no removed node's).
+        # The cache now holds every live node's producers (and no removed node's): the nodes with
+        # a consumer are theirs, gathered in one C-level pass rather than a set update per node.
+        has_consumer = set(chain.from_iterable(map(cached.__getitem__, indices)))
         return default_order(indices, cached, has_consumer, follow)
 
     def priority_order(self) -> list[int]:

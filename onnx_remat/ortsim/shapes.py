@@ -235,7 +235,7 @@ def infer_runtime_shapes(
     outputs = [outs if "" not in outs else [o for o in outs if o] for outs in all_outputs]
     for i in _topological_order(inputs, outputs):
         node, outs = nodes[i], outputs[i]
-        if not outs or all(declared(o) for o in outs):
+        if not outs or all(map(declared, outs)):  # (map: no generator frame per node)
             continue
         inference.infer(node)
         for o in outs:

@@ -13,11 +13,16 @@ def _cse(rg: RuntimeGraph) -> bool:
     seen = _Seen()
     changed = False
     nodes, graph_outputs = rg.nodes, rg.graph_output_set
+    first_of = seen.first.setdefault
     for i in rg.default_order():
         node = nodes[i]
         if node is None or node.op in NOT_MERGED or not graph_outputs.isdisjoint(node.outputs):
             continue  # (the last: rg.produces_graph_output, inlined)
-        first = seen.earlier_equal(node)
+        # seen.earlier_equal, its first step inlined: most nodes are the first with their key
+        key = (node.domain, node.op, tuple(node.inputs), len(node.outputs))
+        if first_of(key, node) is node:
+            continue
+        first = seen.earlier_equal(node, key)
         if first is None:
             continue
         for mine, theirs in zip(node.outputs, first.outputs):
@@ -43,9 +48,11 @@ class _Seen:
         self.first: dict[tuple, RuntimeNode] = {}  # the first node seen with each key but attributes
         self.by_attrs: dict[tuple, dict[tuple, RuntimeNode]] = {}  # where several: by attributes
 
-    def earlier_equal(self, node: RuntimeNode) -> RuntimeNode | None:
-        """The first node seen equal to ``node``; None (and ``node`` is now seen) if none."""
-        key = (node.domain, node.op, tuple(node.inputs), len(node.outputs))
+    def earlier_equal(self, node: RuntimeNode, key: tuple | None = None) -> RuntimeNode | None:
+        """The first node seen equal to ``node``; None (and ``node`` is now seen) if none.
+        ``key``: the node's key but attributes, if computed already."""
+        if key is None:
+            key = (node.domain, node.op, tuple(node.inputs), len(node.outputs))
         first = self.first.setdefault(key, node)
         if first is node:
             return None
