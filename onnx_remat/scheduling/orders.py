@@ -43,71 +43,95 @@ def list_schedule(rg: RuntimeGraph, base: Sequence[int], policy: str) -> list[in
     is the bytes of its outputs that need a new buffer (not an alias of an input) minus the
     bytes of the inputs it is the last reader of (graph inputs and initializers never count);
     it falls as the other readers of its inputs run, and the walk re-ranks the node then.
+    To try several policies on one graph, :class:`ListScheduler` reads the graph once.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown scheduling policy {policy!r}")
-    count = len(base)
-    position = {i: k for k, i in enumerate(base)}
-    if len(position) != count:  # a node twice: no order runs every entry of base
-        raise RuntimeError("the runtime graph has a cycle")
-    nodes = [rg.at(i) for i in base]
-    # Everything below works on positions in base: a node's key ends with its position, so
-    # positions order the walk exactly as node indices with positions as tie-breaks would.
-    producers = [set(rg.producers_of(n)) for n in nodes]
-    if policy == "default" and _runs_in_order(producers, position):
-        # Always running the earliest ready node of a topological order runs that order.
-        return list(base)
+    return ListScheduler(rg, base).order(policy)
 
-    inputs_of, readers, size, kept = _inputs_read(rg, nodes)
-    in_degree = [len(ps) for ps in producers]
-    dependents = _dependents(producers, position)
-    allocates = [_allocated_bytes(n, rg.sizes) for n in nodes]
-    # freed[k]: bytes of the inputs node k is the last unrun reader of, kept up to date as the
-    # other readers run (a delta is then one subtraction, not a walk over the node's inputs).
-    freed = [sum(size[t] for t in ins if readers[t] == 1 and t not in kept) for ins in inputs_of]
 
-    # Keys are single integers: (rank, position) as rank * count + position, which sorts the same.
-    key: Callable[[int], int]
-    if policy == "default":
-        key = lambda k: k
-    elif policy == "freeing":
-        key = lambda k: (0 if allocates[k] - freed[k] <= 0 else count) + k
-    else:
-        key = lambda k: (allocates[k] - freed[k]) * count + k
+class ListScheduler:
+    """:func:`list_schedule` for one graph and ``base`` and any number of policies: what every
+    policy reads of the graph (producers, readers, sizes, each node's bytes) is read once."""
 
-    ready = [key(k) for k in range(count) if in_degree[k] == 0]
-    heapq.heapify(ready)
-    done = [False] * count
-    order: list[int] = []
-    while ready:
-        queued = heapq.heappop(ready)
-        k = queued % count
-        if done[k]:
-            continue
-        now = key(k)
-        if now != queued:  # its inputs lost readers since it was queued
-            heapq.heappush(ready, now)
-            continue
-        done[k] = True
-        order.append(base[k])
-        for t in inputs_of[k]:
-            left = readers[t] = readers[t] - 1
-            if left == 1 and policy != "default":
-                for i in rg.consumer_nodes(t):
-                    c = position.get(i)
-                    if c is None or done[c]:
-                        continue
-                    if t not in kept:  # c is now the last reader of t
-                        freed[c] += size[t]
-                    if in_degree[c] == 0:
-                        heapq.heappush(ready, key(c))
-        for c in dependents[k]:
-            in_degree[c] -= 1
-            if in_degree[c] == 0:
-                heapq.heappush(ready, key(c))
-    if len(order) != count:
-        raise RuntimeError("the runtime graph has a cycle")
-    return order
+    def __init__(self, rg: RuntimeGraph, base: Sequence[int]):
+        self.rg = rg
+        self.base = list(base)
+        self.position = {i: k for k, i in enumerate(self.base)}
+        if len(self.position) != len(self.base):  # a node twice: no order runs every entry of base
+            raise RuntimeError("the runtime graph has a cycle")
+        self.nodes = [rg.at(i) for i in self.base]
+        # Everything below works on positions in base: a node's key ends with its position, so
+        # positions order the walk exactly as node indices with positions as tie-breaks would.
+        self.producers = [set(rg.producers_of(n)) for n in self.nodes]
+        self._walk: tuple | None = None  # what the non-trivial walks share, made on first use
+
+    def order(self, policy: str) -> list[int]:
+        """The order ``policy`` (one of :data:`POLICIES`) chooses."""
+        if policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {policy!r}")
+        rg, base, position = self.rg, self.base, self.position
+        count = len(base)
+        if policy == "default" and _runs_in_order(self.producers, position):
+            # Always running the earliest ready node of a topological order runs that order.
+            return list(base)
+        if self._walk is None:
+            inputs_of, readers0, size, kept = _inputs_read(rg, self.nodes)
+            allocates = [_allocated_bytes(n, rg.sizes) for n in self.nodes]
+            freed0 = [sum(size[t] for t in ins if readers0[t] == 1 and t not in kept) for ins in inputs_of]
+            dependents = _dependents(self.producers, position)
+            in_degree0 = [len(ps) for ps in self.producers]
+            self._walk = (inputs_of, readers0, size, kept, allocates, freed0, dependents, in_degree0)
+        inputs_of, readers0, size, kept, allocates, freed0, dependents, in_degree0 = self._walk
+        # the walk counts these down: each policy starts from fresh copies
+        readers = dict(readers0)
+        in_degree = list(in_degree0)
+        # freed[k]: bytes of the inputs node k is the last unrun reader of, kept up to date as the
+        # other readers run (a delta is then one subtraction, not a walk over the node's inputs).
+        freed = list(freed0)
+
+        # Keys are single integers: (rank, position) as rank * count + position, which sorts the same.
+        key: Callable[[int], int]
+        if policy == "default":
+            key = lambda k: k
+        elif policy == "freeing":
+            key = lambda k: (0 if allocates[k] - freed[k] <= 0 else count) + k
+        else:
+            key = lambda k: (allocates[k] - freed[k]) * count + k
+
+        ready = [key(k) for k in range(count) if in_degree[k] == 0]
+        heapq.heapify(ready)
+        done = [False] * count
+        order: list[int] = []
+        while ready:
+            queued = heapq.heappop(ready)
+            k = queued % count
+            if done[k]:
+                continue
+            now = key(k)
+            if now != queued:  # its inputs lost readers since it was queued
+                heapq.heappush(ready, now)
+                continue
+            done[k] = True
+            order.append(base[k])
+            for t in inputs_of[k]:
+                left = readers[t] = readers[t] - 1
+                if left == 1 and policy != "default":
+                    for i in rg.consumer_nodes(t):
+                        c = position.get(i)
+                        if c is None or done[c]:
+                            continue
+                        if t not in kept:  # c is now the last reader of t
+                            freed[c] += size[t]
+                        if in_degree[c] == 0:
+                            heapq.heappush(ready, key(c))
+            for c in dependents[k]:
+                in_degree[c] -= 1
+                if in_degree[c] == 0:
+                    heapq.heappush(ready, key(c))
+        if len(order) != count:
+            raise RuntimeError("the runtime graph has a cycle")
+        return order
 
 
 def _inputs_read(
@@ -170,26 +194,66 @@ def leaf_ranked_order(rg: RuntimeGraph, first_added: int, rank: Mapping[int, int
     ``first_added``: the first index onnxruntime gave a node its optimizer made (those stay after
     every node of the model, as onnxruntime appends them when it builds the graph again).
     ``rank`` maps leaf indices to their rank (a leaf without one goes first, i.e. runs last).
+    To rank the leaves of one graph several ways, :class:`LeafOrders` reads the graph once.
     """
-    leaf_set = set(leaves(rg))
-    live = rg.live()
+    return LeafOrders(rg, first_added).order(rank)
 
-    def key(i: int) -> tuple[int, int]:
-        if i in leaf_set:
-            return (1, -rank.get(i, -1))
-        return (2, i) if i >= first_added else (0, i)
 
-    relabelled = sorted((n.index for n in live), key=key)
-    new_of = {old: new for new, old in enumerate(relabelled)}
-    producers: dict[int, list[int]] = {}
-    has_consumer: set[int] = set()
-    follow: dict[int, int] = {}
-    for n in live:
-        ps = [new_of[p] for p in rg.producers_of(n)]
-        if ps:
-            producers[new_of[n.index]] = ps
-            has_consumer.update(ps)
-            if n.key in (("", "Shape"), ("", "Size")):
-                follow[new_of[n.index]] = ps[0]
-    order = default_order(list(range(len(relabelled))), producers, has_consumer, follow)
-    return [relabelled[i] for i in order]
+class LeafOrders:
+    """:func:`leaf_ranked_order` for one graph and any number of rankings: the graph is read once.
+
+    The walk runs on the graph's own node indices rather than the indices the moved leaves give:
+    moving leaves changes only where each leaf stands. The walk visits producers in index order,
+    and a producer is never a leaf; the nodes of the model and those onnxruntime's optimizer
+    added keep their relative order too (every added index is above every model node's). So only
+    the leaves' order in the list (the walk's starting points) changes with the ranking, and the
+    order the walk emits is the one the renumbered list gives, without renumbering every edge.
+    """
+
+    def __init__(self, rg: RuntimeGraph, first_added: int):
+        self.rg = rg
+        self.first_added = first_added
+        self.leaves = leaves(rg)
+        leaf_set = set(self.leaves)
+        live = rg.live()
+        self.before = [n.index for n in live if n.index not in leaf_set and n.index < first_added]
+        self.after = [n.index for n in live if n.index not in leaf_set and n.index >= first_added]
+        self.producers: dict[int, list[int]] = {}
+        self.has_consumer: set[int] = set()
+        self.follow: dict[int, int] = {}
+        for n in live:
+            ps = rg.producers_of(n)
+            if ps:
+                self.producers[n.index] = ps
+                self.has_consumer.update(ps)
+                if n.key in (("", "Shape"), ("", "Size")):
+                    self.follow[n.index] = ps[0]
+        # default_order moves a Shape or Size node after its input's producer, several of one
+        # producer in index order: where one of them is a leaf, its renumbered index decides
+        self.leaf_follows = not leaf_set.isdisjoint(self.follow)
+
+    def order(self, rank: Mapping[int, int]) -> list[int]:
+        """The DEFAULT order with the leaves ranked by ``rank`` (as :func:`leaf_ranked_order`)."""
+        if self.leaf_follows:
+            return self._renumbered(rank)
+        ranked = sorted(self.leaves, key=lambda i: -rank.get(i, -1))  # stable: ties by index
+        # the indices in node-list order (default_order reads its leaves' order from it)
+        return default_order(self.before + ranked + self.after, self.producers, self.has_consumer, self.follow)
+
+    def _renumbered(self, rank: Mapping[int, int]) -> list[int]:
+        """The order by the node list's new indices: every edge renumbered."""
+        leaf_set = set(self.leaves)
+        first_added = self.first_added
+
+        def key(i: int) -> tuple[int, int]:
+            if i in leaf_set:
+                return (1, -rank.get(i, -1))
+            return (2, i) if i >= first_added else (0, i)
+
+        relabelled = sorted((n.index for n in self.rg.live()), key=key)
+        new_of = {old: new for new, old in enumerate(relabelled)}
+        producers = {new_of[i]: [new_of[p] for p in ps] for i, ps in self.producers.items()}
+        has_consumer = {new_of[i] for i in self.has_consumer}
+        follow = {new_of[i]: new_of[p] for i, p in self.follow.items()}
+        order = default_order(list(range(len(relabelled))), producers, has_consumer, follow)
+        return [relabelled[i] for i in order]
