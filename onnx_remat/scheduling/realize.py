@@ -33,6 +33,32 @@ def model_leaves(model: onnx.ModelProto) -> list[int]:
     return [k for k, node in enumerate(nodes) if read.isdisjoint(node.output)]
 
 
+class LeafPlacer:
+    """:func:`place_leaves` for one model and several rankings: the model's nodes and leaves are
+    read once, and each ranking's node list is known (:meth:`positions`) before any copy is made
+    (:meth:`write`), so a caller can skip a list it has already written."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        self.nodes = list(model.graph.node)
+        self.names = [n.name for n in self.nodes]
+        self.movable = [k for k in model_leaves(model) if self.names[k]]
+        moving = set(self.movable)
+        self.rest = [k for k in range(len(self.nodes)) if k not in moving]
+
+    def positions(self, rank: Mapping[str, float]) -> list[int]:
+        """The new node list as positions in the model's (see :func:`place_leaves`)."""
+        names = self.names
+        unranked = float("inf")
+        tail = sorted(self.movable, key=lambda k: (-rank.get(names[k], unranked), k))
+        return self.rest + tail
+
+    def write(self, positions: list[int]) -> onnx.ModelProto:
+        """A copy of the model with the node list ``positions``."""
+        nodes = self.nodes
+        return with_nodes(self.model, [nodes[k] for k in positions])
+
+
 def place_leaves(model: onnx.ModelProto, rank: Mapping[str, float]) -> onnx.ModelProto:
     """``model`` with its leaves moved to the end of the node list, highest ``rank`` first.
 
@@ -40,10 +66,5 @@ def place_leaves(model: onnx.ModelProto, rank: Mapping[str, float]) -> onnx.Mode
     rank ends up last in the list, where onnxruntime's DEFAULT order starts. Leaves without a
     rank go first (their cones run last), in their current order. Unnamed leaves keep their place.
     """
-    nodes = list(model.graph.node)
-    movable = [k for k in model_leaves(model) if nodes[k].name]
-    moving = set(movable)
-    unranked = float("inf")
-    tail = sorted(movable, key=lambda k: (-rank.get(nodes[k].name, unranked), k))
-    rest = [n for k, n in enumerate(nodes) if k not in moving]
-    return with_nodes(model, rest + [nodes[k] for k in tail])
+    placer = LeafPlacer(model)
+    return placer.write(placer.positions(rank))

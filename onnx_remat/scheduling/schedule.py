@@ -48,8 +48,8 @@ from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_con
 from onnx_remat.ortsim.emulation import Emulation, emulate, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
-from onnx_remat.scheduling.orders import POLICIES, leaf_ranked_order, leaves, list_schedule
-from onnx_remat.scheduling.realize import place_leaves
+from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
+from onnx_remat.scheduling.realize import LeafPlacer
 
 if TYPE_CHECKING:
     from onnx_remat.analysis.model import ModelAnalysis, ModelLike
@@ -169,12 +169,19 @@ class MemorySchedule:
         for label, g in graphs:
             if g is not given:
                 candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
-            ends = set(leaves(g.rg))
+            scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added)
+            ends = set(leaf_orders.leaves)
+            # Policies often predict the same order (the DEFAULT policy: the graph's own, whose plan
+            # the emulation makes anyway): an order's plan is made once.
+            plans: list[Prediction] = [(g.order, g.plan)]
             for policy in self.policies:
-                target = list_schedule(g.rg, g.order, policy)
+                target = scheduler.order(policy)
                 rank = {i: k for k, i in enumerate(target) if i in ends}
-                predicted = leaf_ranked_order(g.rg, g.first_added, rank)
-                plan = plan_memory(g.rg, predicted)
+                predicted = leaf_orders.order(rank)
+                plan = next((p for o, p in plans if o == predicted), None)
+                if plan is None:
+                    plan = plan_memory(g.rg, predicted)
+                    plans.append((predicted, plan))
                 ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
                 candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
@@ -184,13 +191,19 @@ class MemorySchedule:
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
         tried = [c[0] for c in candidates]
-        del candidates  # the other predicted plans can go (their figures stay in the Candidates)
+        del candidates, plans  # the other predicted plans can go (their figures stay in the Candidates)
+        placers: dict[int, LeafPlacer] = {}  # per graph (by id), its nodes and leaves read once
         for cand, g, names, prediction in promising:
-            written = place_leaves(g.model, names) if names is not None else g.model
-            key = tuple(n.name for n in written.graph.node)
+            placer = placers.get(id(g))
+            if placer is None:
+                placer = placers[id(g)] = LeafPlacer(g.model)
+            positions = placer.positions(names) if names is not None else None
+            key = tuple(placer.names[k] for k in positions) if positions is not None else tuple(placer.names)
             if key in checked_lists:  # another policy gave the same node list
                 cand.planned_peak_bytes = checked_lists[key]
                 continue
+            # the node list is known before it is written: a list written already costs no copy
+            written = placer.write(positions) if positions is not None else g.model
             emulated = emulate(written, g.sizes, shapes_known=True)
             if prediction is not None:
                 # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
