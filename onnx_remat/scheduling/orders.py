@@ -65,6 +65,9 @@ class ListScheduler:
         # positions order the walk exactly as node indices with positions as tie-breaks would.
         self.producers = [set(rg.producers_of(n)) for n in self.nodes]
         self._walk: tuple | None = None  # what the non-trivial walks share, made on first use
+        # tensor -> positions of its distinct readers in base, for the tensors whose readers the
+        # walks have looked up (every policy asks for the same tensors' readers)
+        self._reading_positions: dict[str, list[int]] = {}
 
     def order(self, policy: str) -> list[int]:
         """The order ``policy`` (one of :data:`POLICIES`) chooses."""
@@ -83,6 +86,7 @@ class ListScheduler:
             in_degree0 = [len(ps) for ps in self.producers]
             self._walk = (inputs_of, readers0, size, kept, allocates, freed0, dependents, in_degree0)
         inputs_of, readers0, size, kept, allocates, freed0, dependents, in_degree0 = self._walk
+        reading = self._reading_positions
         # the walk counts these down: each policy starts from fresh copies
         readers = dict(readers0)
         in_degree = list(in_degree0)
@@ -117,9 +121,11 @@ class ListScheduler:
             for t in inputs_of[k]:
                 left = readers[t] = readers[t] - 1
                 if left == 1 and policy != "default":
-                    for i in rg.consumer_nodes(t):
-                        c = position.get(i)
-                        if c is None or done[c]:
+                    readers_of = reading.get(t)
+                    if readers_of is None:
+                        readers_of = reading[t] = self._reading(t)
+                    for c in readers_of:
+                        if done[c]:
                             continue
                         if t not in kept:  # c is now the last reader of t
                             freed[c] += size[t]
@@ -132,6 +138,11 @@ class ListScheduler:
         if len(order) != count:
             raise RuntimeError("the runtime graph has a cycle")
         return order
+
+    def _reading(self, tensor: str) -> list[int]:
+        """Positions in base of the distinct nodes reading ``tensor`` (those outside base left out)."""
+        position = self.position
+        return [position[i] for i in self.rg.consumer_nodes(tensor) if i in position]
 
 
 def _inputs_read(
