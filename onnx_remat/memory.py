@@ -172,11 +172,12 @@ def memory_estimate(
     rg, plan, order = emu.rg, emu.plan, emu.order
     node_region = {}
     steps: list[Step] = []
-    for k, i in enumerate(order):
+    timelines = zip(order, plan.live_bytes, plan.block_bytes, plan.dynamic_bytes, strict=True)
+    for i, live, block, outside in timelines:
         n = rg.at(i)
         region = _region_of(n.origin, regions)
         node_region[n.index] = region
-        steps.append(Step(n.name, n.op, region, plan.live_bytes[k], plan.block_bytes[k], plan.dynamic_bytes[k]))
+        steps.append(Step(n.name, n.op, region, live, block, outside))
     peak = plan.block_peak_step
     at_peak: list[LiveTensor] = []
     for t in plan.live_at(peak):
@@ -213,6 +214,12 @@ def _scope_lookup(scope_of_tensor: dict[str, str], tensor: str) -> str | None:
     return found
 
 
+# Every name that makes a node "recompute" or an accumulation contains this (tags' clone suffix,
+# barrier, unpack and accumulate prefixes): regions_of skips the tag tests on other names.
+_OURS = "remat"
+assert all(_OURS in m for m in (tags.CLONE_SUFFIX, tags.BARRIER_PREFIX, tags.UNPACK_PREFIX, tags.ACCUMULATE_PREFIX))
+
+
 def regions_of(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> dict[str, str]:
     """Node name -> forward / backward / recompute, for ``analysis``'s graph or its rewrite ``model``
     (the nodes onnx-remat added, by their names: clones and barriers are "recompute")."""
@@ -220,10 +227,13 @@ def regions_of(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) ->
     out: dict[str, str] = {}
     if model is not None:
         for proto in model.graph.node:
-            if tags.is_recompute_name(proto.name):
-                out[proto.name] = RECOMPUTE
-            elif tags.is_accumulate_name(proto.name):
-                out[proto.name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
+            name = proto.name  # read once: each read of a protobuf field makes a new str
+            if _OURS not in name:  # the model's own node (most of them)
+                continue
+            if tags.is_recompute_name(name):
+                out[name] = RECOMPUTE
+            elif tags.is_accumulate_name(name):
+                out[name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
     for n in tg.order:
         if n.name and n.name not in out:
             out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
