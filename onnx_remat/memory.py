@@ -173,11 +173,11 @@ def memory_estimate(
     node_region = {}
     steps: list[Step] = []
     timelines = zip(order, plan.live_bytes, plan.block_bytes, plan.dynamic_bytes, strict=True)
-    for i, live, block, outside in timelines:
+    for i, live, block, elsewhere in timelines:
         n = rg.at(i)
         region = _region_of(n.origin, regions)
         node_region[n.index] = region
-        steps.append(Step(n.name, n.op, region, live, block, outside))
+        steps.append(Step(n.name, n.op, region, live, block, elsewhere))
     peak = plan.block_peak_step
     at_peak: list[LiveTensor] = []
     for t in plan.live_at(peak):
