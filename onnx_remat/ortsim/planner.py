@@ -166,7 +166,8 @@ class _Block:
 
 def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
     """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``."""
-    return MemoryPlanner(rg).plan(order)
+    nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
+    return _plan(rg, order, nodes, _use_counts(rg, nodes), _ShapeKeys(rg.sizes))
 
 
 class MemoryPlanner:
@@ -193,11 +194,18 @@ class MemoryPlanner:
         else:
             use = _use_counts(rg, nodes)
         keys = self._keys = _ShapeKeys(rg.sizes, self._keys)
-        tensors, walk = _reuse_plan(rg, nodes, use, keys)
-        if walk is None:
-            walk = _walk_final_plan(nodes, tensors)
-        release_at = _release_plan(tensors, walk.reads)
-        return _memory_pattern(rg, list(order), len(nodes), tensors, walk.allocated, release_at)
+        return _plan(rg, order, nodes, use, keys)
+
+
+def _plan(
+    rg: RuntimeGraph, order: Sequence[int], nodes: list[RuntimeNode], use: dict[str, int], keys: _ShapeKeys
+) -> MemoryPlan:
+    """The plan of ``order`` (``nodes``: its live nodes), given their use counts and reuse keys."""
+    tensors, walk = _reuse_plan(rg, nodes, use, keys)
+    if walk is None:
+        walk = _walk_final_plan(nodes, tensors)
+    release_at = _release_plan(tensors, walk.reads)
+    return _memory_pattern(rg, list(order), len(nodes), tensors, walk.allocated, release_at)
 
 
 @dataclass
