@@ -4,7 +4,8 @@ twice fails.
 
 An emulation is counted where its :class:`~onnx_remat.ortsim.graph.RuntimeGraph` is made. Today:
 ``apply`` emulates the original, the rewrite, the rewrite with its partial gradients accumulated
-in place (when the graph has shared parameters) and the best order found, written and checked;
+in place (when the graph has shared parameters) and the best order found, written and checked (a
+second order only where it is predicted lower than the first one's verified peak);
 ``estimate`` the same (it is ``apply`` without writing); ``schedule`` the original, the
 accumulated variant and the order checked.
 """
