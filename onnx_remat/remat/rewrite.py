@@ -188,7 +188,8 @@ class RecomputeRewrite:
         result.segments = [dataclasses.replace(r, segment=caller[id(r.segment)]) for r in result.segments]
         # What this pass kept of the copy goes too, and the copy's cycles are broken so that it is
         # freed now rather than scanned by the cyclic collector.
-        self._constants, self._anchored, self._anchors, self._packs_nodes, self._packs = {}, {}, {}, {}, {}
+        for kept in (self._constants, self._anchored, self._anchors, self._packs_nodes, self._packs):
+            kept.clear()
         work.mg.release()
         return result
 
