@@ -48,6 +48,23 @@ def cli(tmp_path_factory):
     return run
 
 
+@pytest.fixture
+def emulations(monkeypatch):
+    """A one-item list counting the graphs emulated from here on: an emulation is counted where its
+    :class:`~onnx_remat.ortsim.graph.RuntimeGraph` is made."""
+    from onnx_remat.ortsim import graph
+
+    made = [0]
+    post_init = graph.RuntimeGraph.__post_init__
+
+    def counted(self):
+        made[0] += 1
+        post_init(self)
+
+    monkeypatch.setattr(graph.RuntimeGraph, "__post_init__", counted)
+    return made
+
+
 @pytest.fixture(scope="session")
 def synthetic_dir(tmp_path_factory) -> Path:
     """Artifacts of a 4-block synthetic training graph (benchmarks/synthetic.py)."""

@@ -16,7 +16,8 @@ constructors that keep both ends of every edge in step (1.1 s CPU for a 21k-node
 ``export_onnx`` writes the value_info of every tensor (the source's are kept instead) and copies
 every initializer into a model that is then rebuilt around the source's fields.
 
-This module is the one place that works around all of that: :class:`ModelGraph` keeps the
+This module is the one place that works around all of that: :func:`import_graph` builds the graph
+``import_onnx`` would, without those constructors; :class:`ModelGraph` keeps the
 dropped per-node fields in a side table and :meth:`ModelGraph.to_model` puts them back; the
 iterative :func:`onnx_remat.graph.toposort.stable_toposort` replaces graphsurgeon's toposort. A round
 trip without edits reproduces the input model byte for byte (tests/graph/test_bridge.py).
@@ -282,7 +283,7 @@ _SUBGRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
-    """``gs.import_onnx(model)``, the same graph built about 3x faster (models with local functions,
+    """``gs.import_onnx(model)``, the same graph built about 2x faster (models with local functions,
     sparse initializers or subgraphs go to ``gs.import_onnx`` itself).
 
     Tensors are made as graphsurgeon's importer makes them (its own ``import_tensor`` for

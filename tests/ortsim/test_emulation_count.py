@@ -17,20 +17,6 @@ from conftest import artifacts_dir
 
 import onnx_remat
 from onnx_remat.estimate import estimate
-from onnx_remat.ortsim import graph
-
-
-@pytest.fixture
-def emulations(monkeypatch):
-    made = [0]
-    post_init = graph.RuntimeGraph.__post_init__
-
-    def counted(self):
-        made[0] += 1
-        post_init(self)
-
-    monkeypatch.setattr(graph.RuntimeGraph, "__post_init__", counted)
-    return made
 
 
 @pytest.mark.parametrize(
