@@ -167,41 +167,7 @@ class _Block:
 def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
     """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``."""
     nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
-    return _plan(rg, order, nodes, _use_counts(rg, nodes), _ShapeKeys(rg.sizes))
-
-
-class MemoryPlanner:
-    """:func:`plan_memory` for several orders of one graph, which must not change meanwhile (nor
-    its sizes): what every plan of an order of all its nodes reads the same, the use counts and
-    the tensors' reuse keys, is worked out once."""
-
-    def __init__(self, rg: RuntimeGraph) -> None:
-        self.rg = rg
-        self._live: set[int] | None = None
-        self._use: dict[str, int] | None = None  # use counts when every live node runs once
-        self._keys: _ShapeKeys | None = None  # the last plan's keys: their numbering is kept
-
-    def plan(self, order: Sequence[int]) -> MemoryPlan:
-        """The plan of ``order`` (as :func:`plan_memory`)."""
-        rg = self.rg
-        nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
-        if self._live is None:
-            self._live = {n.index for n in rg.nodes if n is not None}
-        if len(order) == len(nodes) == len(self._live) == len(set(order)):  # every live node, once
-            if self._use is None:
-                self._use = _use_counts(rg, nodes)
-            use = dict(self._use)  # the walk spends them
-        else:
-            use = _use_counts(rg, nodes)
-        keys = self._keys = _ShapeKeys(rg.sizes, self._keys)
-        return _plan(rg, order, nodes, use, keys)
-
-
-def _plan(
-    rg: RuntimeGraph, order: Sequence[int], nodes: list[RuntimeNode], use: dict[str, int], keys: _ShapeKeys
-) -> MemoryPlan:
-    """The plan of ``order`` (``nodes``: its live nodes), given their use counts and reuse keys."""
-    tensors, walk = _reuse_plan(rg, nodes, use, keys)
+    tensors, walk = _reuse_plan(rg, nodes)
     if walk is None:
         walk = _walk_final_plan(nodes, tensors)
     release_at = _release_plan(tensors, walk.reads)
@@ -227,12 +193,10 @@ def _use_counts(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> dict[str, int]:
 class _ShapeKeys:
     """The (element size, static shape) a buffer is reused by, and the freed buffers per key.
 
-    Each distinct key gets a number once and each tensor its key's number (-1: none), so the reuse
-    plan's many asks per tensor are dict lookups, not a tuple built and hashed anew. ``previous``:
-    the keys of an earlier plan with the same sizes, whose numbers are kept (the free lists are new).
-    """
+    Each distinct key gets a number once per plan and each tensor its key's number (-1: none), so
+    the reuse plan's many asks per tensor are dict lookups, not a tuple built and hashed anew."""
 
-    def __init__(self, sizes, previous: _ShapeKeys | None = None) -> None:
+    def __init__(self, sizes) -> None:
         self.sizes = sizes
         self.of: dict[str, int] = {}  # tensor -> key number
         self.numbers: dict[tuple, int] = {}  # key -> its number
@@ -240,10 +204,6 @@ class _ShapeKeys:
         # per key number: freed buffers, most recently freed last; None for a scalar shape, whose
         # buffers onnxruntime never reuses this way
         self.free: list[list[str] | None] = []
-        if previous is not None and previous.sizes is sizes:
-            # shared, not copied: a plan only adds to them, and plans of one graph run one by one
-            self.of, self.numbers, self.declared = previous.of, previous.numbers, previous.declared
-            self.free = [[] if len(key[1]) > 0 else None for key in self.numbers]
 
     def key(self, t: str) -> int:
         k = self.of.get(t)
@@ -261,7 +221,7 @@ class _ShapeKeys:
             key = (_element_size(declared[0]), declared[1])
             k = self.numbers.get(key)
             if k is None:
-                k = self.numbers[key] = len(self.numbers)
+                k = self.numbers[key] = len(self.free)
                 self.free.append([] if len(key[1]) > 0 else None)
             self.declared[declared] = k
         return k
@@ -288,20 +248,19 @@ class _ShapeKeys:
         return stack.pop() if stack else None
 
 
-def _reuse_plan(
-    rg: RuntimeGraph, nodes: list[RuntimeNode], use: dict[str, int], keys: _ShapeKeys
-) -> tuple[dict[str, TensorPlan], _Walk | None]:
+def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, TensorPlan], _Walk | None]:
     """``ComputeSingleStreamReusePlan``: where each tensor lives (module docstring, step 1).
-    ``use``: the use counts of ``nodes`` (:func:`_use_counts`), spent here; ``keys``: the reuse keys.
 
     Also returns the buffers' reads and allocations as the walk saw them, which saves the later
     steps a walk of their own; None when those may differ from the final plan's (some tensor read
     before it is planned, or planned twice: an order or a graph onnxruntime would reject)."""
     nbytes = rg.sizes.nbytes
     graph_outputs = set(rg.graph_outputs)
+    use = _use_counts(rg, nodes)
     tensors: dict[str, TensorPlan] = {t: TensorPlan(t, "input", t, nbytes(t)) for t in rg.graph_inputs}
     for t in rg.initializers:
         tensors.setdefault(t, TensorPlan(t, "initializer", t, nbytes(t)))
+    keys = _ShapeKeys(rg.sizes)
     # tensor -> the tensor owning its buffer, for tensors in another's (``tensors[t].buffer``), kept
     # beside ``tensors`` because it is asked for every input and output of every node. Every buffer
     # named is a key of ``use``: a node's tensor, or one a freed buffer's use count was kept under.

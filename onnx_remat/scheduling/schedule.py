@@ -47,7 +47,7 @@ import onnx
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.emulation import Emulation, emulate, keep_random_order
-from onnx_remat.ortsim.planner import MemoryPlan, MemoryPlanner
+from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
 from onnx_remat.scheduling.realize import LeafPlacer
@@ -175,14 +175,13 @@ class MemorySchedule:
             # Policies often predict the same order (the DEFAULT policy: the graph's own, whose plan
             # the emulation makes anyway): an order's plan is made once.
             plans: list[Prediction] = [(g.order, g.plan)]
-            planner = MemoryPlanner(g.rg)  # the graph's use counts and reuse keys, once for every order
             for policy in self.policies:
                 target = scheduler.order(policy)
                 rank = {i: k for k, i in enumerate(target) if i in ends}
                 predicted = leaf_orders.order(rank)
                 plan = next((p for o, p in plans if o == predicted), None)
                 if plan is None:
-                    plan = planner.plan(predicted)
+                    plan = plan_memory(g.rg, predicted)
                     plans.append((predicted, plan))
                 ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
                 candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
