@@ -224,11 +224,7 @@ class LeafOrders:
     def __init__(self, rg: RuntimeGraph, first_added: int):
         self.rg = rg
         self.first_added = first_added
-        self.leaves = leaves(rg)
-        leaf_set = set(self.leaves)
         live = rg.live()
-        self.before = [n.index for n in live if n.index not in leaf_set and n.index < first_added]
-        self.after = [n.index for n in live if n.index not in leaf_set and n.index >= first_added]
         self.producers: dict[int, list[int]] = {}
         self.has_consumer: set[int] = set()
         self.follow: dict[int, int] = {}
@@ -239,6 +235,10 @@ class LeafOrders:
                 self.has_consumer.update(ps)
                 if n.key in (("", "Shape"), ("", "Size")):
                     self.follow[n.index] = ps[0]
+        self.leaves = [n.index for n in live if n.index not in self.has_consumer]  # as leaves(rg)
+        leaf_set = set(self.leaves)
+        self.before = [n.index for n in live if n.index not in leaf_set and n.index < first_added]
+        self.after = [n.index for n in live if n.index not in leaf_set and n.index >= first_added]
         # default_order moves a Shape or Size node after its input's producer, several of one
         # producer in index order: where one of them is a leaf, its renumbered index decides
         self.leaf_follows = not leaf_set.isdisjoint(self.follow)
