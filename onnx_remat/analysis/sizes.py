@@ -17,8 +17,15 @@ import numpy as np
 import onnx
 
 from onnx_remat.graph.conventions import base_of_gradient
+from onnx_remat.graph.skeleton import skeleton_bytes, skeleton_header
 
 Dim = int | str | None
+
+# Initializers up to this size go to shape inference with their data; larger ones as typed inputs
+# only. Inference reads the values of shape-like tensors (a Reshape's shape, a Slice's starts, a
+# Range's limits, position ids): small integer tensors, far below this. A weight's values never
+# change an inferred shape, and copying them would cost a model's size twice over.
+INFERENCE_DATA_BYTES = 64 * 1024
 
 
 def dtype_size(elem_type: int) -> int | None:
@@ -110,8 +117,11 @@ class TensorSizes:
         self._add_value_infos(graph.value_info)
 
     def _infer(self, model: onnx.ModelProto) -> None:
+        # On the model's skeleton: its weights' data would be serialized and parsed back for
+        # nothing (inference reads only small integer tensors' values, a Reshape's shape).
+        skeleton = skeleton_bytes(skeleton_header(model, keep_data_upto=INFERENCE_DATA_BYTES), model.graph)
         try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+            inferred = onnx.shape_inference.infer_shapes(skeleton, strict_mode=False, data_prop=True)
         except Exception as exc:  # inference failing is a lack of information, not an error
             self.inference_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return

@@ -26,6 +26,7 @@ import os
 import onnx
 
 from onnx_remat.errors import RematError, one_line
+from onnx_remat.graph.skeleton import skeleton_bytes, skeleton_header
 from onnx_remat.ortsim import ops_table as ort_ops
 from onnx_remat.ortsim.validity import check_initializer_data, check_types_and_shapes
 
@@ -36,6 +37,7 @@ _ONNX_DOMAINS = ("ai.onnx.ml", "ai.onnx.preview.training")
 # Where the checker's copy puts onnxruntime's own default-domain nodes: an unknown domain, which
 # onnx.checker does not look into.
 _SKIPPED_DOMAIN = "onnx_remat.onnxruntime_only"
+_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 def _imports(model: onnx.ModelProto) -> dict[str, int]:
@@ -182,45 +184,41 @@ def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "mo
 
 
 def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: int | None, shapes: bool) -> None:
-    """``onnx.checker`` on a skeleton of ``model``: no tensor data, onnxruntime-only nodes skipped."""
-    skeleton = onnx.ModelProto()
-    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version"):
-        setattr(skeleton, field, getattr(model, field))
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    g, src = skeleton.graph, model.graph
-    g.name = src.name
-    g.node.extend(src.node)
-    g.input.extend(src.input)
-    g.output.extend(src.output)
-    g.value_info.extend(src.value_info)
-    # Initializers become typed graph inputs: their data was parsed already, and copying it
-    # would double the memory of a large model.
-    declared = {vi.name for vi in src.input}
-    for init in src.initializer:
-        if init.name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    for init in src.sparse_initializer:
-        name = init.values.name
-        if name not in declared:
-            g.input.append(onnx.helper.make_tensor_value_info(name, init.values.data_type, list(init.dims)))
+    """``onnx.checker`` on a skeleton of ``model`` (:mod:`~onnx_remat.graph.skeleton`: no tensor
+    data, initializers as typed graph inputs), onnxruntime-only nodes moved where it skips them."""
+    header = skeleton_header(model)
+    only_runtime: dict[str, bool] = {}  # runtime_only per op type, asked once per op
     moved = False
-    if opset is not None:
-        only_runtime: dict[str, bool] = {}  # runtime_only per op type, asked once per op
-        for node in _nodes(g):
-            if node.domain not in _DEFAULT_DOMAINS:
-                continue
-            moves = only_runtime.get(node.op_type)
-            if moves is None:
-                moves = only_runtime[node.op_type] = runtime_only(node.op_type, opset)
-            if moves:
-                node.domain = _SKIPPED_DOMAIN
+
+    def moves(node: onnx.NodeProto) -> bool:
+        if opset is None or node.domain not in _DEFAULT_DOMAINS:
+            return False
+        found = only_runtime.get(node.op_type)
+        if found is None:
+            found = only_runtime[node.op_type] = runtime_only(node.op_type, opset)
+        return found
+
+    def move(node: onnx.NodeProto) -> onnx.NodeProto | None:
+        nonlocal moved
+        has_subgraphs = bool(node.attribute) and any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
+        if not has_subgraphs and not moves(node):
+            return None
+        holder = onnx.GraphProto()  # _nodes walks a graph: the copy and its subgraphs
+        holder.node.add().CopyFrom(node)
+        for inner in _nodes(holder):
+            if moves(inner):
+                inner.domain = _SKIPPED_DOMAIN
                 moved = True
-    if moved:
-        skeleton.opset_import.add(domain=_SKIPPED_DOMAIN, version=1)
+        return holder.node[0]
+
+    serialized = skeleton_bytes(header, model.graph, move)
+    if moved:  # the skipped domain's import, appended on the wire (it merges into opset_import)
+        extra = onnx.ModelProto()
+        extra.opset_import.add(domain=_SKIPPED_DOMAIN, version=1)
+        serialized += extra.SerializeToString()
     try:
-        onnx.checker.check_model(skeleton)
+        onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise RematError(f"{where}: invalid ONNX model: {one_line(exc)}") from None
     if shapes:
-        check_types_and_shapes(skeleton, where)
+        check_types_and_shapes(header, where, serialized=serialized)
