@@ -14,6 +14,7 @@ for 10^5 nodes). Only a node that changes is copied (:func:`skeleton_bytes`'s ``
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import onnx
@@ -79,10 +80,15 @@ def skeleton_bytes(
 
 
 def _data_bytes(init: onnx.TensorProto) -> int:
-    """Bytes of an initializer's data as stored (raw or typed fields; 0 for external data)."""
-    if init.HasField("raw_data"):
-        return len(init.raw_data)
-    return init.ByteSize()
+    """The bytes an initializer's dims and element type declare (an element of unknown size, a
+    string, counts 1 byte). Not read from the data: protobuf copies a bytes field to read it,
+    and upb serializes a message to size it (each a copy of the weight on the peak)."""
+    count = math.prod(init.dims)
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 1
+    return count * max(itemsize, 1)
 
 
 def _varint(value: int) -> bytes:
