@@ -235,6 +235,12 @@ def _apply_analysed(
             )
             checked = byte
     result_model = checked.ordered.model
+    # The rewrite's emulation is done with (its estimate is taken): at 10^5 nodes it holds a quarter
+    # of a GiB, and the output's validity check below, whose C++ parse of the graph is the command's
+    # peak, would otherwise sit on top of it. onnx_remat.schedule's result keeps its emulation.
+    checked.ordered.emulation = None
+    if checked.ordered.schedule is not None:
+        checked.ordered.schedule.emulation = None
     if checked.ordered.workarounds:
         notes.append(WORKAROUND_NOTE.format(n=len(checked.ordered.workarounds)))
     check_runtime_support(result_model, "rewritten model")

@@ -96,7 +96,8 @@ class ScheduleResult:
     accumulation_skipped: list[tuple[str, str]] = field(default_factory=list)
     pins: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    emulation: Emulation | None = field(default=None, repr=False)  # of ``model``: what onnxruntime runs
+    # of ``model``: what onnxruntime runs (None in an apply result: apply lets it go once estimated)
+    emulation: Emulation | None = field(default=None, repr=False)
 
     @property
     def changed(self) -> bool:
