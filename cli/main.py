@@ -51,8 +51,15 @@ class _Group(click.Group):
         if cmd_name not in self.commands and cmd_name in _COMMANDS:
             import importlib
 
+            from onnx_remat.interrupts import critical
+
             module, attr = _COMMANDS[cmd_name]
-            self.commands[cmd_name] = getattr(importlib.import_module(module), attr)
+            # A signal during the import is held until the modules are loaded: raised inside the
+            # initialization of onnx's C++ extension (nanobind), the KeyboardInterrupt aborts the
+            # process (SIGABRT or SIGSEGV, no message) instead of ending the command.
+            with critical():
+                loaded = importlib.import_module(module)
+            self.commands[cmd_name] = getattr(loaded, attr)
         return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context):

@@ -76,7 +76,9 @@ def installed() -> bool:
 def critical() -> Iterator[None]:
     """Hold signals back while the block runs; one that arrived is raised when it ends.
 
-    Used around renames and the removal of temporaries. Where :func:`install` was not called
+    Used around renames and the removal of temporaries, and around the import of a command's
+    modules (a KeyboardInterrupt raised inside a C++ extension's initialization aborts the process).
+    Where :func:`install` was not called
     (the library used from Python), Python's own Ctrl-C handler is swapped for the holding one
     for the duration of the block. Outside the main thread signals never arrive: a no-op.
     """
