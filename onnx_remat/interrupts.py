@@ -78,9 +78,9 @@ def critical() -> Iterator[None]:
 
     Used around renames and the removal of temporaries, and around the import of a command's
     modules (a KeyboardInterrupt raised inside a C++ extension's initialization aborts the process).
-    Where :func:`install` was not called
-    (the library used from Python), Python's own Ctrl-C handler is swapped for the holding one
-    for the duration of the block. Outside the main thread signals never arrive: a no-op.
+    Where :func:`install` was not called (the library used from Python), Python's own Ctrl-C
+    handler is swapped for the holding one for the duration of the block. Outside the main thread
+    signals never arrive: a no-op.
     """
     global _depth, _pending
     if threading.current_thread() is not threading.main_thread():

@@ -609,12 +609,9 @@ def _handlers_installed(pid: int) -> bool:
     return bool(caught & (1 << (signal.SIGTERM - 1)))
 
 
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
-@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
-def test_ctrl_c_while_modules_import(work, delay):
-    """From the moment the console script has installed its handlers (some 15 ms after the
-    interpreter starts; onnx, numpy and rich take another half second to import): Ctrl-C prints
-    "interrupted", exit status 130, no traceback."""
+def _ctrl_c_during_import(work: Path, delay: float) -> tuple[int, str]:
+    """Start ``onnx-remat scopes M``, send Ctrl-C ``delay`` seconds after its handlers are in (while
+    its modules import); its exit status and stderr."""
     proc = subprocess.Popen(
         [*SCRIPT, "scopes", "M"],
         cwd=work,
@@ -629,32 +626,30 @@ def test_ctrl_c_while_modules_import(work, delay):
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
+def test_ctrl_c_while_modules_import(work, delay):
+    """From the moment the console script has installed its handlers (some 15 ms after the
+    interpreter starts; onnx, numpy and rich take another half second to import): Ctrl-C prints
+    "interrupted", exit status 130, no traceback."""
+    code, err = _ctrl_c_during_import(work, delay)
     assert "Traceback" not in err, err
-    assert (proc.returncode, err.strip()) in ((130, "interrupted"), (0, "")), (proc.returncode, err)
+    assert (code, err.strip()) in ((130, "interrupted"), (0, "")), (code, err)
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_ctrl_c_anywhere_in_a_commands_import_never_crashes(work):
     """A Ctrl-C inside onnx's C++ extension's initialization aborted the process (SIGABRT or
     SIGSEGV, up to one run in five with the signal 50 ms after the handlers are in): the command's
     import now holds signals until it is done. Twenty interrupts 40-60 ms in, around that module's
     import here: each ends the command cleanly."""
     for k in range(20):
-        proc = subprocess.Popen(
-            [*SCRIPT, "scopes", "M"],
-            cwd=work,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=_foreground_signals,
-        )
-        deadline = time.time() + 30
-        while not _handlers_installed(proc.pid) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.001)
-        time.sleep(0.04 + 0.001 * k)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        code, err = _ctrl_c_during_import(work, 0.04 + 0.001 * k)
         assert "Traceback" not in err, err
-        assert (proc.returncode, err.strip()) in ((130, "interrupted"), (0, "")), (k, proc.returncode, err[-500:])
+        assert (code, err.strip()) in ((130, "interrupted"), (0, "")), (k, code, err[-500:])
 
 
 def test_sigterm_while_measuring_removes_worker_files(work, tmp_path):
