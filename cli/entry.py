@@ -42,16 +42,15 @@ def main(argv: list[str] | None = None) -> None:
     """Run the command line on ``argv`` (default: ``sys.argv[1:]``) and exit with its status."""
     install()
     # The commands build graphs of 10^5 nodes with millions of small objects (graphsurgeon nodes,
-    # emulated tensors, plans). CPython's default collector threshold (700 allocations) then runs
-    # full scans over that heap again and again: a quarter of `apply`'s time on a 20k-node graph,
-    # growing with the graph (measured). A larger first-generation threshold keeps the collector
-    # (graphsurgeon's graphs are cyclic and need it) at a fraction of the cost. The middle threshold
-    # (a generation-1 pass every 100 first-generation ones, not 20) spares passes that find nothing:
-    # a collection forced after each stage of a 100k-node `apply` freed no object (the rewrite
-    # breaks its working copy's cycles itself), while each generation-1 pass there took ~0.5 s
-    # (x0.965 wall time side by side, peak RSS and the written model the same; `--budget 50%` on
-    # 21k nodes: the same peak RSS).
-    gc.set_threshold(50_000, 100, 100)
+    # emulated tensors, plans), and leave almost no cyclic garbage: the rewrite breaks its working
+    # copy's cycles itself (ModelGraph.release), everything else is freed by reference counting. The
+    # cyclic collector's passes over that heap then cost time and find nothing: with CPython's
+    # default threshold a quarter of `apply` on a 20k-node graph; with a first-generation threshold of
+    # 50,000 still 8% of `apply` on 10^5 nodes (3.1 s of 40: 180 passes), which then left 402
+    # unreachable objects for a final collection to find. So a command runs without it (measured on
+    # 10^5 nodes: the same peak RSS; `--budget 50%` on 21k nodes: the same peak RSS). A command is
+    # one short process; the library leaves the collector as its caller set it.
+    gc.disable()
     code = 1
     try:
         import click
