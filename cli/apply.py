@@ -181,9 +181,13 @@ def print_estimate(result) -> tuple[dict | None, list[str]]:
     return {"planned_peak_bytes_before": before, "planned_peak_bytes_after": after, "ratio": est.ratio}, est.notes
 
 
-def print_apply_summary(result) -> None:
+def print_apply_summary(result, *, max_segments: int = 30, max_skipped: int = 10) -> None:
     """Per-segment table and skipped segments of an :class:`onnx_remat.ApplyResult` (the caller
-    prints the notes, with the estimate's, once each: :func:`onnx_remat.cli.common.print_notes`)."""
+    prints the notes, with the estimate's, once each: :func:`onnx_remat.cli.common.print_notes`).
+
+    At most ``max_segments`` rows and ``max_skipped`` skipped segments are printed, then how many
+    more (``--json`` has them all): a per-layer rewrite of a deep model has thousands of segments,
+    and rich took 1.5 s to lay out the 3,850 rows of one (`benchmarks.apply_scale`'s largest graph)."""
     counts = result.analysis.graph.counts()
     console.print(
         f"[bold]{result.analysis.name}[/]: {counts['nodes']} nodes ({counts['forward_nodes']} forward, "
@@ -199,13 +203,16 @@ def print_apply_summary(result) -> None:
     if with_masks:
         table.add_column("dropout masks", justify="right", no_wrap=True)
     table.add_column("clones wait for (trigger)", overflow="fold")
-    for seg in result.rewrite.segments:
+    segments = result.rewrite.segments
+    for seg in segments[:max_segments]:
         s = seg.segment
         released = format_bytes(s.released_bytes) + (f" (+{len(s.unknown_sizes)} unknown)" if s.unknown_sizes else "")
         trigger = ", ".join(seg.triggers) or "-"
         masks = [f"{len(s.masks)}: {format_bytes(s.mask_bytes)}" if s.masks else "-"] if with_masks else []
         table.add_row(seg.label, str(len(seg.clones)), str(len(s.targets)), released, *masks, trigger)
     console.print(table)
+    if len(segments) > max_segments:
+        console.print(f"[dim]... {len(segments) - max_segments} more segments (all of them in --json)[/]")
     total = format_bytes(result.released_bytes)
     console.print(
         f"{result.clone_count} nodes cloned in {len(result.rewrite.segments)} segments; "
@@ -219,8 +226,11 @@ def print_apply_summary(result) -> None:
         )
     if with_masks:
         console.print(f"dropout masks ({result.dropout}): {mask_summary(result)}")
-    for skipped in result.plan.skipped:
+    skipped_all = result.plan.skipped
+    for skipped in skipped_all[:max_skipped]:
         console.print(f"[yellow]skipped[/] {skipped.label}: {skipped.reason}")
+    if len(skipped_all) > max_skipped:
+        console.print(f"[dim]... {len(skipped_all) - max_skipped} more skipped segments (all of them in --json)[/]")
 
 
 def mask_summary(result) -> str:

@@ -144,3 +144,18 @@ def test_apply_measure_prints_the_before_after_table(cli, tmp_path):
     data = json.loads((tmp_path / "s.json").read_text())
     assert data["measure"]["equal"] is True
     assert data["measure"]["ratios"]["planned_peak_bytes"] < 0.7
+
+
+def test_apply_prints_at_most_30_segments(cli, tmp_path):
+    """A per-layer rewrite of a deep model prints 30 segment rows and how many more; --json has all."""
+    from benchmarks.synthetic import training_artifacts
+
+    model = training_artifacts(40, tmp_path / "deep", batch=2, seq=8, width=16)
+    proc = cli("apply", model, "--scope", "blocks.*", "-o", tmp_path / "out", "--json", tmp_path / "s.json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split()[0] for line in proc.stdout.splitlines() if line.strip().startswith("blocks.")]
+    assert rows == [f"blocks.{i}" for i in range(30)], proc.stdout
+    assert "... 10 more segments (all of them in --json)" in proc.stdout
+    assert "40 segments" in proc.stdout
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert [s["label"] for s in summary["segments"]] == [f"blocks.{i}" for i in range(40)]
