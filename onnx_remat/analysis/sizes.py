@@ -128,6 +128,29 @@ class TensorSizes:
         self._add_value_infos(inferred.graph.value_info)
         self._add_value_infos(inferred.graph.output)
 
+    def extended_to(self, graph: onnx.GraphProto, copies: Mapping[str, str]) -> TensorSizes:
+        """A copy of these sizes for ``graph``, which holds every tensor these sizes were made for
+        and new ones (a rewrite of their graph): ``graph``'s initializers and declarations of
+        tensors these sizes do not know are added, as the constructor would merge them; then each
+        tensor of ``copies`` still unknown (new name -> the tensor it is a copy of: made by the same
+        op with the same attributes from inputs of the same shapes) takes that tensor's shape.
+        Nothing is inferred: :func:`onnx_remat.ortsim.shapes.rewrite_sizes` infers the rest."""
+        new = self.copy()
+        info = new._info
+        for init in graph.initializer:
+            if init.name not in info:
+                info[init.name] = (init.data_type, tuple(int(d) for d in init.dims))
+        for declared in (graph.input, graph.output, graph.value_info):
+            # the names are read first: most are known with a shape, and reading a type costs more
+            unknown = [vi for vi in declared if (old := info.get(vi.name)) is None or old[1] is None]
+            new._add_value_infos(unknown)
+        for name, source in copies.items():
+            if name not in info and source in info:
+                info[name] = info[source]
+        new._nbytes.clear()
+        new._declared_keys.clear()
+        return new
+
     def add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto]) -> None:
         """Add shapes found elsewhere (e.g. by onnxruntime's symbolic shape inference)."""
         self._add_value_infos(value_infos)
@@ -142,6 +165,10 @@ class TensorSizes:
             if base is not None and base[1] is not None:
                 return base
         return info
+
+    def __contains__(self, name: object) -> bool:
+        """Whether anything (an element type, maybe a shape) is known of tensor ``name`` itself."""
+        return name in self._info
 
     def elem_type(self, name: str) -> int | None:
         info = self._lookup(name)

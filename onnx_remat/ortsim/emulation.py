@@ -8,6 +8,9 @@ question about that graph (the planned peak, the run order of its nodes, the dra
 random ops, the estimate of :mod:`onnx_remat.estimate`) is a query on the :class:`Emulation`, so no
 command emulates a graph twice.
 
+:func:`emulate_rewrite` emulates a recompute rewrite with the original's sizes updated, not
+inferred again.
+
 :func:`keep_random_order` is the pass that keeps a rewrite's random ops in the original draw order:
 it asks the emulation, pins only where the order changed (:mod:`onnx_remat.graph.random_order`),
 and emulates the pinned graph.
@@ -23,11 +26,11 @@ import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.random_order import flipped_pairs, pin_random_order, random_ops
-from onnx_remat.ortsim.graph import RuntimeGraph, node_io, runtime_graph
+from onnx_remat.ortsim.graph import NodeIO, RuntimeGraph, node_io, runtime_graph
 from onnx_remat.ortsim.optimizer import optimize
 from onnx_remat.ortsim.order import order_from_names
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
-from onnx_remat.ortsim.shapes import infer_runtime_shapes
+from onnx_remat.ortsim.shapes import infer_runtime_shapes, rewrite_sizes
 
 DEFAULT_ORDER = "onnxruntime DEFAULT order (emulated)"
 
@@ -121,6 +124,7 @@ def emulate(
     shapes_known: bool = False,
     optimizations: bool = True,
     execution_order: Sequence[str] | None = None,
+    io: NodeIO | None = None,
 ) -> Emulation:
     """Emulate onnxruntime on ``model``; ``sizes``: its tensor sizes (symbolic dimensions bound).
 
@@ -128,9 +132,11 @@ def emulate(
     onnxruntime infers, unless ``shapes_known`` says ``sizes`` holds them already (a copy of an
     emulation's ``sizes`` for a graph with the same tensors). ``optimizations=False`` emulates the
     graph as written, without onnxruntime's rewrites; ``execution_order`` (node names as
-    onnxruntime ran them, e.g. from a profile) replaces the emulated DEFAULT order.
+    onnxruntime ran them, e.g. from a profile) replaces the emulated DEFAULT order. ``io``:
+    :func:`~onnx_remat.ortsim.graph.node_io` of ``model``, if read already.
     """
-    io = node_io(model)  # the nodes' names, read once for both
+    if io is None:
+        io = node_io(model)  # the nodes' names, read once for both
     if not shapes_known:
         sizes = sizes.copy()
         infer_runtime_shapes(model, sizes, io=io)
@@ -149,6 +155,15 @@ def emulate(
     )
     source = f"given order ({matched} of {len(live)} nodes matched by name)"
     return Emulation(model, sizes, rg, first_added, order, source, matched)
+
+
+def emulate_rewrite(model: onnx.ModelProto, original_sizes: TensorSizes) -> Emulation:
+    """:func:`emulate` on ``model``, a recompute rewrite of a graph whose emulation's sizes are
+    ``original_sizes`` (``Emulation.sizes``, with the same dimensions bound): the sizes are updated
+    from those rather than inferred again (:func:`~onnx_remat.ortsim.shapes.rewrite_sizes`), which
+    is not changed."""
+    io = node_io(model)
+    return emulate(model, rewrite_sizes(original_sizes, model, io=io), shapes_known=True, io=io)
 
 
 def keep_random_order(emulation: Emulation, wanted: Sequence[str]) -> tuple[Emulation, list[str]]:

@@ -55,7 +55,9 @@ class RewritePipeline:
 
     ``original``: the emulation of the input graph (its random ops' draw order is kept by every
     rewrite; None when the graph has fewer than two random ops and nothing is estimated). Only
-    that order is kept: the emulation itself is not held, so the caller can let it go.
+    that order and its tensor sizes are kept (each rewrite's sizes are updated from them:
+    :func:`~onnx_remat.ortsim.emulation.emulate_rewrite`): the emulation itself is not held, so
+    the caller can let it go.
     ``schedule`` / ``grad_accumulation``: the order stage's memory schedule
     (:class:`~onnx_remat.scheduling.schedule.MemorySchedule`); ``dropout_seed``: the rewrite's
     (``dropout="seed"``); ``estimate``: whether each result is estimated.
@@ -77,6 +79,9 @@ class RewritePipeline:
         self.dropout_seed = dropout_seed
         self.estimate = estimate
         self.random_order = original.random_order() if original is not None else []
+        # What the original's emulation knows of tensor sizes: each rewrite's are updated from it
+        # rather than inferred again (a dict of the graph's tensors, small beside the emulation).
+        self.original_sizes = original.sizes if original is not None else None
 
     def order(self, model, *, schedule: bool | None = None) -> OrderedGraph:
         """The order stage on ``model`` (a rewrite of the analysed graph)."""
@@ -87,6 +92,7 @@ class RewritePipeline:
             schedule=self.schedule if schedule is None else schedule,
             grad_accumulation=self.grad_accumulation,
             emulation=self.estimate,
+            original_sizes=self.original_sizes,
         )
 
     def run(self, plan: RecomputePlan) -> Rewritten:

@@ -46,7 +46,7 @@ import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
-from onnx_remat.ortsim.emulation import Emulation, emulate, keep_random_order
+from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
@@ -266,6 +266,7 @@ def order_rewrite(
     schedule: bool = True,
     grad_accumulation: str = DEFAULT_ACCUMULATION,
     emulation: bool = True,
+    original_sizes: TensorSizes | None = None,
 ) -> OrderedGraph:
     """The order pass after a rewrite: emulate ``model`` once, keep its random ops in
     ``random_order`` (the original graph's draw order; pins only where the rewrite changed it) and,
@@ -276,12 +277,17 @@ def order_rewrite(
     :func:`onnx_remat.apply` and the budget planner, so every graph they write is ordered the same
     way; ``model`` is not changed. Kernels whose result depends on where tensors live (a reorder
     would change it) are first put in a form onnxruntime computes correctly
-    (:mod:`onnx_remat.graph.kernel_workarounds`).
+    (:mod:`onnx_remat.graph.kernel_workarounds`). ``original_sizes``: the sizes of the emulation of
+    the graph ``model`` rewrites, if there is one: ``model``'s are then updated from those
+    (:func:`~onnx_remat.ortsim.emulation.emulate_rewrite`), not inferred again.
     """
     model, workarounds = fix_grouped_conv_grads(model)
     if not schedule and not emulation and len(random_order) < 2:
         return OrderedGraph(model, None, None, [], workarounds)
-    emu = emulate(model, TensorSizes(model, dims))
+    if original_sizes is not None:
+        emu = emulate_rewrite(model, original_sizes)
+    else:
+        emu = emulate(model, TensorSizes(model, dims))
     if schedule:
         result = MemorySchedule(grad_accumulation=grad_accumulation)(emu, random_order=random_order)
         assert result.emulation is not None

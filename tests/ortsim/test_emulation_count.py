@@ -36,3 +36,20 @@ def test_each_command_emulates_each_graph_once(emulations, name, scope, most):
         assert 1 <= emulations[0] <= limit, (
             f"{name} {command}: {emulations[0]} graphs emulated, at most {limit} expected"
         )
+
+
+def test_apply_infers_the_graph_once(monkeypatch):
+    """onnx's whole-graph shape inference runs once per ``apply`` (the analysis's): the rewrite's
+    sizes are updated from the original's emulation (``rewrite_sizes``), not inferred again."""
+    from onnx_remat.analysis import sizes
+
+    inferred = [0]
+    infer = sizes.TensorSizes._infer
+
+    def counted(self, model):
+        inferred[0] += 1
+        infer(self, model)
+
+    monkeypatch.setattr(sizes.TensorSizes, "_infer", counted)
+    onnx_remat.apply(artifacts_dir("gpt"), scopes="Block")
+    assert inferred[0] == 1

@@ -1,0 +1,78 @@
+"""A rewrite's sizes updated from the original's emulation (``rewrite_sizes``) are the sizes a fresh
+inference of the rewritten graph finds (``TensorSizes`` then ``infer_runtime_shapes``): every
+tensor's element type, shape and known-ness, on the example and synthetic graphs, for each kind of
+rewrite (per layer, merged stages, byte and seeded dropout masks).
+
+Not for the memory schedule's in-place gradient accumulation: the subgraph it adds for a tied
+embedding (Unique, ConstantOfShape, ...) gets dimensions onnx's whole-graph inference names
+(``unk__0``) and per-node inference does not, so that graph is inferred afresh."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from conftest import artifacts_dir
+
+import onnx_remat
+from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.ortsim.emulation import emulate, emulate_rewrite
+from onnx_remat.ortsim.shapes import infer_runtime_shapes, rewrite_sizes
+from onnx_remat.remat.apply import plan
+from onnx_remat.remat.rewrite import RecomputeRewrite
+
+
+def _inferred(model: onnx.ModelProto, dims: dict[str, int]) -> TensorSizes:
+    sizes = TensorSizes(model, dims)
+    infer_runtime_shapes(model, sizes)
+    return sizes
+
+
+def _assert_same_sizes(model: onnx.ModelProto, got: TensorSizes, want: TensorSizes) -> int:
+    names = {t for n in model.graph.node for t in [*n.input, *n.output] if t}
+    names |= {vi.name for vi in [*model.graph.input, *model.graph.output]}
+    for name in sorted(names):
+        assert (name in got) == (name in want), name
+        assert got.declared(name) == want.declared(name), name
+        assert got.elem_type(name) == want.elem_type(name), name
+        assert got.raw_dims(name) == want.raw_dims(name), name
+        assert got.nbytes(name) == want.nbytes(name), name
+    return len(names)
+
+
+CASES = [
+    ("blocks10", "Block", {}),
+    ("blocks10", "Block", {"recompute_outputs": True}),
+    ("blocks10", "Block", {"dropout": "byte"}),
+    ("blocks10", "Block", {"dropout": "seed"}),
+    ("blocks10_dynamo", "Block", {}),
+    ("gpt", "Block", {}),
+    ("gpt", "Block", {"recompute_outputs": True}),
+    ("fc5", "FCBlock", {}),
+    ("resnet", "layers.*", {}),
+]
+
+
+@pytest.mark.parametrize(("name", "scope", "options"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_rewrite_sizes_equal_a_fresh_inference(name, scope, options):
+    analysis = onnx_remat.analyze_model(artifacts_dir(name))
+    original = emulate(analysis.model, analysis.sizes)
+    rewrite = RecomputeRewrite()(analysis.graph, plan(analysis, scopes=scope, **options)).model
+    before = dict(original.sizes._nbytes)
+    got = rewrite_sizes(original.sizes, rewrite)
+    assert dict(original.sizes._nbytes) == before  # the original's sizes are not changed
+    new_tensors = {o for n in rewrite.graph.node for o in n.output if o and o not in original.sizes}
+    assert any(got.declared(t) for t in new_tensors)  # some new tensors, and sizes known for them
+    assert _assert_same_sizes(rewrite, got, _inferred(rewrite, analysis.sizes.dims)) > len(analysis.model.graph.node)
+
+
+def test_synthetic_rewrite_sizes_and_emulation(synthetic_dir):
+    analysis = onnx_remat.analyze_model(synthetic_dir)
+    original = emulate(analysis.model, analysis.sizes)
+    rewrite = RecomputeRewrite()(analysis.graph, plan(analysis, scopes="blocks.*")).model
+    want = _inferred(rewrite, analysis.sizes.dims)
+    _assert_same_sizes(rewrite, rewrite_sizes(original.sizes, rewrite), want)
+    updated = emulate_rewrite(rewrite, original.sizes)
+    fresh = emulate(rewrite, TensorSizes(rewrite, analysis.sizes.dims))
+    assert updated.order == fresh.order
+    assert updated.plan.planned_peak_bytes == fresh.plan.planned_peak_bytes
+    assert updated.plan.live_bytes == fresh.plan.live_bytes
