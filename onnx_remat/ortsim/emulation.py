@@ -97,7 +97,7 @@ class Emulation:
                 or a.domain != b.domain
                 or a.inputs != b.inputs
                 or a.outputs != b.outputs
-                or a.attrs != b.attrs
+                or not a.same_attrs(b)
             ):
                 return False
         # The planner lists tensors as it meets them: graph inputs, initializers (in the graph's

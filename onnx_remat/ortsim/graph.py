@@ -68,6 +68,19 @@ class RuntimeNode:
     def key(self) -> tuple[str, str]:
         return (self.domain, self.op)
 
+    def same_attrs(self, other: RuntimeNode) -> bool:
+        """Whether ``other`` has the same attributes, without reading them where both are still
+        their model nodes' (compared as protos: reading each node's attributes was most of
+        comparing two emulations step by step)."""
+        mine, theirs = self._attrs, other._attrs
+        if (
+            isinstance(mine, onnx.NodeProto)
+            and isinstance(theirs, onnx.NodeProto)
+            and (mine is theirs or mine.attribute == theirs.attribute)
+        ):
+            return True
+        return self.attrs == other.attrs
+
 
 @dataclass
 class RuntimeGraph:

@@ -53,3 +53,23 @@ def test_apply_infers_the_graph_once(monkeypatch):
     monkeypatch.setattr(sizes.TensorSizes, "_infer", counted)
     onnx_remat.apply(artifacts_dir("gpt"), scopes="Block")
     assert inferred[0] == 1
+
+
+def test_same_attrs_compares_model_nodes_without_reading_them():
+    """``RuntimeNode.same_attrs``, as the adopted-plan comparison uses it: two nodes still holding
+    their model nodes are compared as protos (their attributes are not read into dicts), and
+    otherwise by value, as ``attrs ==`` would."""
+    import onnx
+
+    from onnx_remat.ortsim.graph import RuntimeNode
+
+    def node(perm, name="t"):
+        proto = onnx.helper.make_node("Transpose", ["x"], ["y"], name=name, perm=perm)
+        return RuntimeNode(0, name, "Transpose", "", ["x"], ["y"], proto, (name,))
+
+    a, b, c = node([1, 0]), node([1, 0], name="other"), node([0, 1])
+    assert a.same_attrs(b)
+    assert isinstance(a._attrs, onnx.NodeProto) and isinstance(b._attrs, onnx.NodeProto)  # not read
+    assert not a.same_attrs(c)  # protos that differ: compared by value
+    assert b.attrs == {"perm": [1, 0]}  # read now: a dict on one side, a proto on the other
+    assert a.same_attrs(b) and b.same_attrs(a) and not b.same_attrs(c)
