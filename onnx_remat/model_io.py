@@ -78,6 +78,9 @@ class LoadedModel:
     # onnxruntime's load check, still running in a child (load_model(defer_load_check=True));
     # None when it was settled while loading, or not needed. Settle with settle_load_check().
     load_check: PendingLoadCheck | None = field(default=None, repr=False, compare=False)
+    # The model's skeleton as the load check's shape inference typed it (LoadCheck.inferred), until
+    # the analysis takes it (take_inferred): the graph is inferred once per command.
+    inferred: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
 
     def settle_load_check(self) -> None:
         """Wait for onnxruntime's verdict on the model if it is still pending; raise its refusal as a
@@ -87,6 +90,11 @@ class LoadedModel:
             refused = pending.refusal()
             if refused is not None:
                 raise RematError(f"{self.path}: onnxruntime refuses to load it: {refused}")
+
+    def take_inferred(self) -> onnx.ModelProto | None:
+        """The typed skeleton of the load check (see :class:`LoadCheck`), once: it is let go here."""
+        inferred, self.inferred = self.inferred, None
+        return inferred
 
     def cancel_load_check(self) -> None:
         """Stop a pending load check whose verdict is no longer needed."""
@@ -132,13 +140,25 @@ def find_model_file(path: str | os.PathLike) -> tuple[Path, Path | None]:
 RUNTIME_LOAD_CHECK_MAX_NODES = 30_000
 
 
+@dataclass
+class LoadCheck:
+    """What :func:`check_loadable` leaves: onnxruntime's verdict, still running in a child (None
+    when it was settled or not needed), and the model's skeleton as the static check's shape
+    inference typed it (None where that inference flagged a shape): a
+    :class:`~onnx_remat.analysis.sizes.TensorSizes` takes its types (``inferred``) rather than
+    inferring the graph again."""
+
+    pending: PendingLoadCheck | None = None
+    inferred: onnx.ModelProto | None = None
+
+
 def check_loadable(
     model: onnx.ModelProto,
     where: str | os.PathLike = "model",
     path: str | os.PathLike | None = None,
     *,
     defer: bool = False,
-) -> PendingLoadCheck | None:
+) -> LoadCheck:
     """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 refuses to load ``model``
     (read from ``path`` when given): the static checks
     (:func:`~onnx_remat.ortsim.registry.check_runtime_support` with types and shapes), then, where
@@ -148,14 +168,15 @@ def check_loadable(
 
     With ``defer`` and a ``path``, onnxruntime's load may instead be started in a child process
     (:func:`~onnx_remat.runtime.load_check.start_load_check`) and returned, pending: the caller
-    settles it (:meth:`LoadedModel.settle_load_check`) before it returns anything. Otherwise None."""
+    settles it (:meth:`LoadedModel.settle_load_check`) before it returns anything (the returned
+    :class:`LoadCheck`'s ``pending``)."""
     try:
-        check_runtime_support(model, where, shapes=True)
+        inferred = check_runtime_support(model, where, shapes=True)
     except ShapeSuspicion as suspicion:
         refused = onnxruntime_load_error(path if path is not None else model)
         if refused is not None:
             raise RematError(f"{suspicion} (onnxruntime: {refused})") from None
-        return None
+        return LoadCheck()
     if has_runtime_ops(model) and len(model.graph.node) <= RUNTIME_LOAD_CHECK_MAX_NODES:
         # onnxruntime's own ops (every gradient graph has them) are typed and shape-checked by its
         # load only; ONNX's inference skips them (measured by benchmarks/mutate.py: a retyped
@@ -163,11 +184,11 @@ def check_loadable(
         if defer and path is not None:
             pending = start_load_check(path, len(model.graph.node))
             if pending is not None:
-                return pending
+                return LoadCheck(pending, inferred)
         refused = onnxruntime_load_error(path if path is not None else model)
         if refused is not None:
             raise RematError(f"{where}: onnxruntime refuses to load it: {refused}")
-    return None
+    return LoadCheck(None, inferred)
 
 
 def load_model(path: str | os.PathLike, *, check: bool = True, defer_load_check: bool = False) -> LoadedModel:
@@ -212,9 +233,15 @@ def load_model(path: str | os.PathLike, *, check: bool = True, defer_load_check:
             onnx.external_data_helper.load_external_data_for_model(model, str(file.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise RematError(f"{file}: its external data cannot be read: {one_line(exc)}") from None
-    pending = check_loadable(model, file, file, defer=defer_load_check) if check else None
+    checked = check_loadable(model, file, file, defer=defer_load_check) if check else LoadCheck()
     return LoadedModel(
-        model=model, path=file, artifacts_dir=artifacts_dir, external_data=external, files=files, load_check=pending
+        model=model,
+        path=file,
+        artifacts_dir=artifacts_dir,
+        external_data=external,
+        files=files,
+        load_check=checked.pending,
+        inferred=checked.inferred,
     )
 
 

@@ -114,10 +114,15 @@ def _analyze(
     if source is None:
         assert isinstance(model, onnx.ModelProto)
         proto = model
-        check_loadable(proto)
+        inferred = check_loadable(proto).inferred
     else:
         proto = source.model
+        inferred = source.take_inferred()
     check_dim_names(proto, dims, str(source.path) if source is not None else "the model")
+    # The load check's inference, not a second one; first, so its typed skeleton (the whole graph's
+    # nodes again) is let go before the graph is imported.
+    sizes = TensorSizes(proto, dims, inferred=inferred)
+    del inferred
     if eval_model is None and source is not None and source.eval_model_path is not None:
         eval_model = source.eval_model_path
     eval_proto = None
@@ -134,5 +139,4 @@ def _analyze(
         where = f"{path}: a" if path is not None else "this is a"
         raise ForwardOnlyGraph(f"{where} forward-only graph (no gradient nodes): {forward_only_hint(path)}") from None
     tree = resolve_scopes(tg, eval_proto)
-    sizes = TensorSizes(proto, dims)
     return ModelAnalysis(model=proto, source=source, graph=tg, scopes=tree, sizes=sizes)

@@ -17,15 +17,9 @@ import numpy as np
 import onnx
 
 from onnx_remat.graph.conventions import base_of_gradient
-from onnx_remat.graph.skeleton import skeleton_bytes, skeleton_header
+from onnx_remat.graph.skeleton import INFERENCE_DATA_BYTES, skeleton_bytes, skeleton_header
 
 Dim = int | str | None
-
-# Initializers up to this size go to shape inference with their data; larger ones as typed inputs
-# only. Inference reads the values of shape-like tensors (a Reshape's shape, a Slice's starts, a
-# Range's limits, position ids): small integer tensors, far below this. A weight's values never
-# change an inferred shape, and copying them would cost a model's size twice over.
-INFERENCE_DATA_BYTES = 64 * 1024
 
 
 def dtype_size(elem_type: int) -> int | None:
@@ -85,7 +79,18 @@ class TensorSizes:
     8388608
     """
 
-    def __init__(self, model: onnx.ModelProto, dims: Mapping[str, int] | None = None, *, infer: bool = True):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        dims: Mapping[str, int] | None = None,
+        *,
+        infer: bool = True,
+        inferred: onnx.ModelProto | None = None,
+    ):
+        """``inferred``: ``model``'s skeleton as onnx's inference typed it already (strict or not: where
+        it finished, the types are the same), from
+        :func:`~onnx_remat.ortsim.registry.check_runtime_support` with ``shapes`` where the model
+        was read: its types are taken rather than inferred again."""
         self.dims: dict[str, int] = dict(dims or {})
         self._info: dict[str, tuple[int, tuple[Dim, ...] | None]] = {}
         # nbytes per name, asked for every tensor of every plan the emulation makes; emptied when a
@@ -95,7 +100,9 @@ class TensorSizes:
         self._declared_keys: dict[str, tuple[int, tuple[Dim, ...]] | None] = {}
         self.inference_error: str | None = None
         self._add_graph(model.graph)
-        if infer:
+        if inferred is not None:
+            self._add_inferred(inferred)
+        elif infer:
             self._infer(model)
 
     def _add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto], overwrite: bool = False) -> None:
@@ -125,6 +132,9 @@ class TensorSizes:
         except Exception as exc:  # inference failing is a lack of information, not an error
             self.inference_error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return
+        self._add_inferred(inferred)
+
+    def _add_inferred(self, inferred: onnx.ModelProto) -> None:
         self._add_value_infos(inferred.graph.value_info)
         self._add_value_infos(inferred.graph.output)
 

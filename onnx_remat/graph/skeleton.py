@@ -26,6 +26,13 @@ _GRAPH_NODE_TAG = b"\x0a"  # field 1
 _HEADER_FIELDS = ("ir_version", "producer_name", "producer_version", "domain", "model_version")
 
 
+# Initializers up to this size go to shape inference with their data; larger ones as typed inputs
+# only. Inference reads the values of shape-like tensors (a Reshape's shape, a Slice's starts, a
+# Range's limits, position ids): small integer tensors, far below this. A weight's values never
+# change an inferred shape, and copying them would cost a model's size twice over.
+INFERENCE_DATA_BYTES = 64 * 1024
+
+
 def skeleton_header(model: onnx.ModelProto, *, keep_data_upto: int = -1) -> onnx.ModelProto:
     """``model`` without its nodes and tensor data: opset imports, functions, the graph's name,
     inputs, outputs and value_info. Each initializer (sparse ones too) becomes a typed graph input

@@ -26,7 +26,7 @@ import os
 import onnx
 
 from onnx_remat.errors import RematError, one_line
-from onnx_remat.graph.skeleton import skeleton_bytes, skeleton_header
+from onnx_remat.graph.skeleton import INFERENCE_DATA_BYTES, skeleton_bytes, skeleton_header
 from onnx_remat.ortsim import ops_table as ort_ops
 from onnx_remat.ortsim.validity import check_initializer_data, check_types_and_shapes
 
@@ -136,13 +136,19 @@ def _nodes(graph: onnx.GraphProto):
                     stack.extend(attr.graphs)
 
 
-def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "model", *, shapes: bool = False) -> None:
+def check_runtime_support(
+    model: onnx.ModelProto, where: str | os.PathLike = "model", *, shapes: bool = False
+) -> onnx.ModelProto | None:
     """Raise a one-line :class:`RematError` if onnxruntime-training 1.19 would refuse ``model``.
 
     ``where`` names the model in the message (a path, or "rewritten model"). With ``shapes``
     (where a model is read: once per command), strict type and shape inference too
     (:func:`~onnx_remat.ortsim.validity.check_types_and_shapes`), which raises a
-    :class:`~onnx_remat.ortsim.validity.ShapeSuspicion` for what only onnxruntime's load can settle.
+    :class:`~onnx_remat.ortsim.validity.ShapeSuspicion` for what only onnxruntime's load can settle,
+    and returns the model's skeleton as that inference typed it, with the data of initializers up to
+    :data:`~onnx_remat.graph.skeleton.INFERENCE_DATA_BYTES` (what
+    :class:`~onnx_remat.analysis.sizes.TensorSizes` infers on: its ``inferred``, so a command infers
+    the graph once). Without ``shapes``, returns None.
     """
     if model.ir_version > MAX_IR_VERSION:
         raise RematError(
@@ -180,13 +186,19 @@ def check_runtime_support(model: onnx.ModelProto, where: str | os.PathLike = "mo
         more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
         raise RematError(f"{where}: ops onnxruntime 1.19 does not know: {', '.join(shown)}{more}")
     check_initializer_data(model, where)
-    _check_structure(model, where, opset, shapes)
+    return _check_structure(model, where, opset, shapes)
 
 
-def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: int | None, shapes: bool) -> None:
+def _check_structure(
+    model: onnx.ModelProto, where: str | os.PathLike, opset: int | None, shapes: bool
+) -> onnx.ModelProto | None:
     """``onnx.checker`` on a skeleton of ``model`` (:mod:`~onnx_remat.graph.skeleton`: no tensor
-    data, initializers as typed graph inputs), onnxruntime-only nodes moved where it skips them."""
-    header = skeleton_header(model)
+    data, initializers as typed graph inputs), onnxruntime-only nodes moved where it skips them;
+    with ``shapes``, strict inference on it too, whose typed skeleton is returned. With ``shapes``
+    the skeleton keeps the small initializers' data that inference reads (a Reshape's shape), as
+    :class:`~onnx_remat.analysis.sizes.TensorSizes`'s does: the data were checked already
+    (:func:`~onnx_remat.ortsim.validity.check_initializer_data`)."""
+    header = skeleton_header(model, keep_data_upto=INFERENCE_DATA_BYTES if shapes else -1)
     only_runtime: dict[str, bool] = {}  # runtime_only per op type, asked once per op
     moved = False
 
@@ -220,5 +232,6 @@ def _check_structure(model: onnx.ModelProto, where: str | os.PathLike, opset: in
         onnx.checker.check_model(serialized)
     except onnx.checker.ValidationError as exc:
         raise RematError(f"{where}: invalid ONNX model: {one_line(exc)}") from None
-    if shapes:
-        check_types_and_shapes(header, where, serialized=serialized)
+    if not shapes:
+        return None
+    return check_types_and_shapes(header, where, serialized=serialized)

@@ -163,15 +163,16 @@ def check_declared_sizes(graph: onnx.GraphProto, where: str | os.PathLike = "mod
 
 def check_types_and_shapes(
     skeleton: onnx.ModelProto, where: str | os.PathLike = "model", *, serialized: bytes | None = None
-) -> None:
+) -> onnx.ModelProto:
     """Strict ONNX shape inference with type checks on ``skeleton`` (a model without tensor data,
     see the module docstring), after :func:`check_declared_sizes`. A type error becomes a one-line
     :class:`RematError`; a shape error a :class:`ShapeSuspicion` (a RematError too), for the caller
     to confirm with onnxruntime. ``serialized``: the skeleton to infer on, in wire form, where
-    ``skeleton`` holds only its graph's declarations (its nodes were never made Python messages)."""
+    ``skeleton`` holds only its graph's declarations (its nodes were never made Python messages).
+    Returns the skeleton as inference typed it (inferred types in its ``value_info`` and outputs)."""
     check_declared_sizes(skeleton.graph, where)
     try:
-        onnx.shape_inference.infer_shapes(
+        return onnx.shape_inference.infer_shapes(
             skeleton if serialized is None else serialized, check_type=True, strict_mode=True, data_prop=True
         )
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, ValueError, RuntimeError) as exc:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+from conftest import artifacts_dir
 from onnx import TensorProto, helper, numpy_helper
 
-from onnx_remat.analysis.sizes import INFERENCE_DATA_BYTES, TensorSizes
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
-from onnx_remat.graph.skeleton import skeleton_bytes, skeleton_header
+from onnx_remat.graph.skeleton import INFERENCE_DATA_BYTES, skeleton_bytes, skeleton_header
 from onnx_remat.ortsim.registry import check_runtime_support
 
 
@@ -126,3 +127,21 @@ def test_checker_still_sees_nodes_and_moved_runtime_ops_inside_subgraphs():
     assert good.SerializeToString() == before  # the domains were moved on a copy
     with pytest.raises(RematError, match="invalid ONNX model"):
         check_runtime_support(model("wrong"))
+
+
+def test_sizes_take_the_load_checks_inference():
+    """The load check's strict inference (on a skeleton keeping the small initializers' data) gives
+    the same sizes as TensorSizes' own inference, so the analysis takes it rather than inferring the
+    graph twice; a model whose inference the check flags gets none, and TensorSizes infers."""
+    from onnx_remat.model_io import load_model
+
+    for name in ("blocks10", "blocks10_dynamo", "gpt", "fc5", "resnet"):
+        model = onnx.load(str(artifacts_dir(name) / "training_model.onnx"), load_external_data=False)
+        typed = check_runtime_support(model, name, shapes=True)
+        assert typed is not None
+        own, taken = TensorSizes(model), TensorSizes(model, inferred=typed)
+        names = {t for n in model.graph.node for t in [*n.input, *n.output] if t}
+        assert all(own.raw_dims(t) == taken.raw_dims(t) and own.declared(t) == taken.declared(t) for t in names)
+        assert check_runtime_support(model, name) is None  # without shapes: nothing inferred
+    loaded = load_model(artifacts_dir("gpt"))
+    assert loaded.inferred is not None and loaded.take_inferred() is not None and loaded.inferred is None
