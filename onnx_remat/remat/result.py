@@ -30,8 +30,9 @@ class ApplyResult:
     """The rewritten training graph and what was done to it.
 
     ``model`` is the new ``onnx.ModelProto``; ``plan`` the segments (with their stored bytes
-    released) and what was skipped; ``rewrite`` the clones and barriers added per segment;
-    ``analysis`` describes the input graph.
+    released) and what was skipped; ``rewrite`` the clones and barriers added per segment (its
+    ``model`` is ``model``: the rewrite as written, after the order stage); ``analysis`` describes
+    the input graph.
     """
 
     model: onnx.ModelProto
