@@ -145,7 +145,7 @@ class TensorSizes:
         tensor of ``copies`` still unknown (new name -> the tensor it is a copy of: made by the same
         op with the same attributes from inputs of the same shapes) takes that tensor's shape.
         Nothing is inferred: :func:`onnx_remat.ortsim.shapes.rewrite_sizes` infers the rest."""
-        new = self.copy()
+        new = self.copy(memos=False)
         info = new._info
         for init in graph.initializer:
             if init.name not in info:
@@ -157,8 +157,6 @@ class TensorSizes:
         for name, source in copies.items():
             if name not in info and source in info:
                 info[name] = info[source]
-        new._nbytes.clear()
-        new._declared_keys.clear()
         return new
 
     def add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto]) -> None:
@@ -218,13 +216,14 @@ class TensorSizes:
 
     # -- hooks for the memory estimator (onnx_remat.estimate); they leave the lookups above as they are --
 
-    def copy(self) -> TensorSizes:
-        """An independent copy: value infos added to it leave this one unchanged."""
+    def copy(self, *, memos: bool = True) -> TensorSizes:
+        """An independent copy: value infos added to it leave this one unchanged. ``memos=False``
+        leaves out the memoized sizes (for a copy about to gain shapes, which would empty them)."""
         new = TensorSizes.__new__(TensorSizes)
         new.dims = dict(self.dims)
         new._info = dict(self._info)
-        new._nbytes = dict(self._nbytes)
-        new._declared_keys = dict(self._declared_keys)
+        new._nbytes = dict(self._nbytes) if memos else {}
+        new._declared_keys = dict(self._declared_keys) if memos else {}
         new.inference_error = self.inference_error
         return new
 
