@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import onnx
 import onnx_graphsurgeon as gs
-from google.protobuf.message import Message
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter, check_duplicate_node_names, dtype_to_onnx
 from onnx_graphsurgeon.importers.onnx_importer import (
     OnnxImporter,
@@ -47,6 +46,8 @@ from onnx_graphsurgeon.importers.onnx_importer import (
 )
 from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 from onnx_graphsurgeon.util.misc import SynchronizedList
+
+from onnx_remat.graph.proto_copy import copy_except
 
 
 @contextlib.contextmanager
@@ -248,7 +249,7 @@ class ModelGraph:
         docstring); everything else in the model is the source's.
         """
         src = self._source
-        out = _without_graph(src)
+        out = copy_except(src, "graph")
         with _gc_paused():
             _export_graph(self.graph, self._extras, src.graph, out.graph)
 
@@ -400,34 +401,6 @@ def _synced(parent: object, field_name: str) -> SynchronizedList:
     edges.parent_obj = parent
     edges.field_name = field_name
     return edges
-
-
-def _without_graph(src: onnx.ModelProto) -> onnx.ModelProto:
-    """A ModelProto with every field of ``src`` but its graph, without copying the graph."""
-    out = onnx.ModelProto()
-    if _unknown_fields(src):
-        out.CopyFrom(src)  # the only way to keep fields this onnx does not know
-        out.ClearField("graph")
-        return out
-    for fd, value in src.ListFields():
-        if fd.name == "graph":
-            continue
-        if isinstance(value, Message):
-            getattr(out, fd.name).CopyFrom(value)
-        elif isinstance(value, (str, bytes, int, float)):
-            setattr(out, fd.name, value)
-        else:
-            getattr(out, fd.name).extend(value)
-    return out
-
-
-def _unknown_fields(message: Message) -> bool:
-    """Whether ``message`` holds fields its schema does not know (True where that cannot be told)."""
-    try:
-        from google.protobuf import unknown_fields
-    except ImportError:  # protobuf < 4.23
-        return True
-    return len(unknown_fields.UnknownFieldSet(message)) > 0
 
 
 def _export_graph(graph: gs.Graph, extras: dict[int, NodeExtras], src: onnx.GraphProto, out: onnx.GraphProto) -> None:

@@ -11,16 +11,14 @@ from collections.abc import Sequence
 
 import onnx
 
+from onnx_remat.graph.proto_copy import copy_except
+
 
 def with_nodes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
     """A copy of ``model`` whose node list is ``nodes`` (``model`` is not changed)."""
-    # Copy the whole model, then replace the node list. Copying all but the nodes instead (emptying
-    # the input's node list for the copy, then refilling it) copies fewer nodes but is slower:
-    # taking nodes out of a list their Python objects still point into copies each of them, and
-    # refilling copies them again (measured on a 21k-node graph: 0.16 s against 0.09 s). It also
-    # leaves ``model`` untouched throughout.
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
+    # Everything but the node list is copied, then the nodes once each: a copy of the whole model
+    # whose node list is then replaced copies every node twice (copy_except's docstring).
+    out = copy_except(model, "graph")
+    copy_except(model.graph, "node", into=out.graph)
     out.graph.node.extend(nodes)
     return out

@@ -51,7 +51,7 @@ def align(n: int) -> int:
     return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
 
 
-@dataclass
+@dataclass(slots=True)  # slots: one per tensor per plan, several plans alive at once
 class TensorPlan:
     """Where one tensor lives: its own buffer (``kind`` 'allocate'), another's ('reuse', 'alias',
     'inplace'), the caller's ('input', 'output', 'initializer')."""
