@@ -843,6 +843,17 @@ def apply_budget(
                 candidate, est = planner.scheduled(rewrite)
             if est.planned_peak_bytes <= chosen.peak:
                 scheduled, model, after = candidate, candidate.model, est
+            del candidate
+    # The planner is done with (its figures are taken): at 10^5 nodes its caches (the original's
+    # emulation, the solver's tables, each schedule tried with its emulation) held a GiB under the
+    # output's validity check below. The schedules' emulations go as apply's do; the plans' figures
+    # and models stay in the result.
+    costs_source, baseline = planner.costs.source, planner.baseline
+    del planner
+    for bp in (chosen, *result.references):
+        if bp.scheduled is not None:
+            bp.scheduled.emulation = None
+    if chosen.rewrite is not None and chosen.plan is not None:
         check_runtime_support(model, "rewritten model")
     peak = int(after.planned_peak_bytes)  # type: ignore[attr-defined]
     result.written_peak = peak
@@ -852,7 +863,7 @@ def apply_budget(
     notes = [
         f"budget {format_bytes(limit)}: estimated planned peak {format_bytes(peak)}{sched_note} "
         f"(unrewritten {format_bytes(result.baseline_peak)}), added compute {chosen.added:.1%} of a step "
-        f"({planner.costs.source} costs)",
+        f"({costs_source} costs)",
         *result.notes,
     ]
     return ApplyResult(
@@ -861,7 +872,7 @@ def apply_budget(
         rewrite=rewrite,
         analysis=analysis,
         notes=notes,
-        estimate_before=planner.baseline,
+        estimate_before=baseline,
         estimate_after=after,  # type: ignore[arg-type]
         schedule=scheduled,
         budget=result,
