@@ -49,10 +49,14 @@ def ready_order(
     return order
 
 
-def index_order(reads: Sequence[Iterable[str]], writes: Sequence[Iterable[str]]) -> list[int]:
+def index_order(reads: Sequence[Sequence[str]], writes: Sequence[Sequence[str]]) -> list[int]:
     """Positions of items (item ``i`` reads ``reads[i]`` and writes ``writes[i]``) in a stable
     topological order: among ready items the earliest first. Names written by no item (graph
-    inputs, initializers) count as available; an item's own outputs do not feed it."""
+    inputs, initializers) count as available; an item's own outputs do not feed it. An empty name
+    is no tensor (an omitted optional input or output)."""
+    if already_sorted(reads, writes):
+        # the walk would give every position in turn: each is ready once those before it are done
+        return list(range(len(reads)))
     producer: dict[str, int] = {}
     for i, outs in enumerate(writes):
         for o in outs:
@@ -67,6 +71,32 @@ def index_order(reads: Sequence[Iterable[str]], writes: Sequence[Iterable[str]])
         for d in deps:
             dependents.setdefault(d, []).append(i)
     return ready_order(range(len(reads)), dependents, in_degree)
+
+
+def already_sorted(reads: Sequence[Sequence[str]], writes: Sequence[Sequence[str]]) -> bool:
+    """True when no item reads a name written by a later item, in :func:`index_order`'s terms (a
+    name written twice is read from its last writer; an item's own outputs do not feed it), so
+    that the order keeps the list as it is. One pass; ONNX asks models to be sorted, and every
+    exported graph met is."""
+    written: set[str] = set()
+    count = 0
+    for outs in writes:
+        written.update(outs)
+        count += len(outs)
+    if "" in written:  # omitted optional outputs: not names
+        written.discard("")
+        count -= sum(1 for outs in writes for o in outs if not o)
+    if count != len(written):
+        # A name written twice: index_order reads the last writer, so compare each input with
+        # its producer's position.
+        producer = {o: i for i, outs in enumerate(writes) for o in outs if o}
+        return all(producer.get(t, -1) <= i for i, ins in enumerate(reads) for t in ins)
+    later = written  # the names written by the item at hand or a later one
+    for ins, outs in zip(reads, writes):
+        if not later.isdisjoint(ins) and any(t in later and t not in outs for t in ins):
+            return False
+        later.difference_update(outs)
+    return True
 
 
 def stable_toposort(nodes: Sequence[gs.Node]) -> list[gs.Node]:

@@ -237,7 +237,7 @@ def infer_runtime_shapes(
     # Names read once (each read of a proto's repeated field makes new strings); no empty output.
     inputs, all_outputs = io if io is not None else node_io(model)
     outputs = [outs if "" not in outs else [o for o in outs if o] for outs in all_outputs]
-    for i in _topological_order(inputs, outputs):
+    for i in index_order(inputs, outputs):
         node, outs = nodes[i], outputs[i]
         if not outs or all(map(declared, outs)):  # (map: no generator frame per node)
             continue
@@ -277,36 +277,6 @@ def rewrite_sizes(original: TensorSizes, model: onnx.ModelProto, *, io: NodeIO |
     sizes = original.extended_to(model.graph, copies)
     infer_runtime_shapes(model, sizes, io=io)
     return sizes
-
-
-def _topological_order(inputs: list[list[str]], outputs: list[list[str]]) -> Sequence[int]:
-    """``index_order`` of the nodes reading ``inputs[i]`` and writing ``outputs[i]`` (names, no empty
-    output): their positions as they are when already sorted (ONNX asks models to be, and every
-    graph met is; checked in one pass), else the sorted positions."""
-    if _already_sorted(inputs, outputs):
-        return range(len(inputs))
-    return index_order(inputs, outputs)
-
-
-def _already_sorted(inputs: list[list[str]], outputs: list[list[str]]) -> bool:
-    """True when no node reads a name written by a later node (so ``index_order`` keeps the
-    list as it is; a node's own outputs do not feed it, as there)."""
-    written: set[str] = set()
-    count = 0
-    for outs in outputs:
-        written.update(outs)
-        count += len(outs)
-    if count != len(written):
-        # A name written twice: index_order reads the last writer, so compare each input with
-        # its producer's position.
-        producer = {o: i for i, outs in enumerate(outputs) for o in outs}
-        return all(producer.get(t, -1) <= i for i, ins in enumerate(inputs) for t in ins)
-    later = written  # the names written by the node at hand or a later one
-    for ins, outs in zip(inputs, outputs):
-        if not later.isdisjoint(ins) and any(t in later and t not in outs for t in ins):
-            return False
-        later.difference_update(outs)
-    return True
 
 
 def _small_constants(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], max_elements: int) -> dict[str, TensorProto]:
