@@ -48,6 +48,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from onnx_remat.errors import RematError, UsageError, one_line
+from onnx_remat.forked_check import ForkedCheck
 from onnx_remat.interrupts import critical
 from onnx_remat.ortsim.registry import check_runtime_support, has_runtime_ops
 from onnx_remat.ortsim.validity import ShapeSuspicion
@@ -81,10 +82,23 @@ class LoadedModel:
     # The model's skeleton as the load check's shape inference typed it (LoadCheck.inferred), until
     # the analysis takes it (take_inferred): the graph is inferred once per command.
     inferred: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+    # The load check's static part, still running in a forked child (LoadCheck.forked): its
+    # verdict, and the typed skeleton, are taken by take_inferred or settle_load_check.
+    forked_check: ForkedCheck | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def checking(self) -> bool:
+        """Whether the load check's static part still runs beside the command (its verdict is
+        taken with the typed skeleton: :meth:`take_inferred`)."""
+        return self.forked_check is not None
 
     def settle_load_check(self) -> None:
-        """Wait for onnxruntime's verdict on the model if it is still pending; raise its refusal as a
-        one-line :class:`RematError`. Does nothing the second time."""
+        """Wait for the load check's verdict on the model if it is still pending (its static part in a
+        forked child, onnxruntime's load in a child process); raise a refusal as a one-line
+        :class:`RematError`. Does nothing the second time."""
+        forked, self.forked_check = self.forked_check, None
+        if forked is not None:
+            self.inferred = forked.result()
         pending, self.load_check = self.load_check, None
         if pending is not None:
             refused = pending.refusal()
@@ -92,12 +106,20 @@ class LoadedModel:
                 raise RematError(f"{self.path}: onnxruntime refuses to load it: {refused}")
 
     def take_inferred(self) -> onnx.ModelProto | None:
-        """The typed skeleton of the load check (see :class:`LoadCheck`), once: it is let go here."""
+        """The typed skeleton of the load check (see :class:`LoadCheck`), once: it is let go here.
+        Where the check's static part still runs (:attr:`checking`), this waits for its verdict
+        and raises its refusal."""
+        forked, self.forked_check = self.forked_check, None
+        if forked is not None:
+            self.inferred = forked.result()
         inferred, self.inferred = self.inferred, None
         return inferred
 
     def cancel_load_check(self) -> None:
         """Stop a pending load check whose verdict is no longer needed."""
+        forked, self.forked_check = self.forked_check, None
+        if forked is not None:
+            forked.cancel()
         pending, self.load_check = self.load_check, None
         if pending is not None:
             pending.cancel()
@@ -138,6 +160,9 @@ def find_model_file(path: str | os.PathLike) -> tuple[Path, Path | None]:
 # grows faster than the graph (measured: 0.06 s at 1,220 nodes, 4-6 s at 20,813, minutes at
 # 100,113), and the static checks still run. README "What loads" says so.
 RUNTIME_LOAD_CHECK_MAX_NODES = 30_000
+# Above this many nodes the whole load check runs in a forked child beside the analysis (no
+# onnxruntime session is started there, so the second core is free): onnx_remat.forked_check.
+FORKED_CHECK_MIN_NODES = RUNTIME_LOAD_CHECK_MAX_NODES
 
 
 @dataclass
@@ -150,6 +175,7 @@ class LoadCheck:
 
     pending: PendingLoadCheck | None = None
     inferred: onnx.ModelProto | None = None
+    forked: ForkedCheck | None = None  # the whole check, still running in a forked child
 
 
 def check_loadable(
@@ -169,7 +195,13 @@ def check_loadable(
     With ``defer`` and a ``path``, onnxruntime's load may instead be started in a child process
     (:func:`~onnx_remat.runtime.load_check.start_load_check`) and returned, pending: the caller
     settles it (:meth:`LoadedModel.settle_load_check`) before it returns anything (the returned
-    :class:`LoadCheck`'s ``pending``)."""
+    :class:`LoadCheck`'s ``pending``). Above :data:`FORKED_CHECK_MIN_NODES` nodes, where no
+    onnxruntime session is started, the whole check instead runs in a forked child
+    (:mod:`onnx_remat.forked_check`: the returned ``forked``), beside the analysis."""
+    if defer and path is not None and len(model.graph.node) > FORKED_CHECK_MIN_NODES:
+        forked = ForkedCheck.start(lambda: check_loadable(model, where, path).inferred, str(where))
+        if forked is not None:
+            return LoadCheck(forked=forked)
     try:
         inferred = check_runtime_support(model, where, shapes=True)
     except ShapeSuspicion as suspicion:
@@ -242,6 +274,7 @@ def load_model(path: str | os.PathLike, *, check: bool = True, defer_load_check:
         files=files,
         load_check=checked.pending,
         inferred=checked.inferred,
+        forked_check=checked.forked,
     )
 
 

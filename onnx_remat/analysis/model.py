@@ -111,18 +111,22 @@ def _analyze(
     dims: dict[str, int] | None,
 ) -> ModelAnalysis:
     """:func:`analyze_model` once the model is read."""
+    checking = source is not None and source.checking
     if source is None:
         assert isinstance(model, onnx.ModelProto)
         proto = model
         inferred = check_loadable(proto).inferred
     else:
         proto = source.model
-        inferred = source.take_inferred()
+        # the load check's typed skeleton, unless the check still runs beside (taken below)
+        inferred = source.take_inferred() if not checking else None
     check_dim_names(proto, dims, str(source.path) if source is not None else "the model")
-    # The load check's inference, not a second one; first, so its typed skeleton (the whole graph's
-    # nodes again) is let go before the graph is imported.
-    sizes = TensorSizes(proto, dims, inferred=inferred)
-    del inferred
+    sizes: TensorSizes | None = None
+    if not checking:
+        # The load check's inference, not a second one; first, so its typed skeleton (the whole
+        # graph's nodes again) is let go before the graph is imported.
+        sizes = TensorSizes(proto, dims, inferred=inferred)
+        del inferred
     if eval_model is None and source is not None and source.eval_model_path is not None:
         eval_model = source.eval_model_path
     eval_proto = None
@@ -139,4 +143,10 @@ def _analyze(
         where = f"{path}: a" if path is not None else "this is a"
         raise ForwardOnlyGraph(f"{where} forward-only graph (no gradient nodes): {forward_only_hint(path)}") from None
     tree = resolve_scopes(tg, eval_proto)
+    if sizes is None:
+        # The check ran in a forked child while the graph was imported and analysed (a large graph:
+        # onnx_remat.forked_check); its verdict now, and its typed skeleton. A refusal is raised
+        # here, and one that would have come first overrides what the analysis met (runtime_judged).
+        assert source is not None
+        sizes = TensorSizes(proto, dims, inferred=source.take_inferred())
     return ModelAnalysis(model=proto, source=source, graph=tg, scopes=tree, sizes=sizes)
