@@ -42,8 +42,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import onnx
-
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
@@ -117,7 +115,7 @@ class BudgetPlan:
 
     source: str  # planner, per-layer, recompute-outputs or none
     plan: RecomputePlan | None
-    _rewrite: RewriteResult | None  # read it as ``rewrite`` (its model may be parked: park())
+    rewrite: RewriteResult | None
     estimate: object  # MemoryEstimate
     cost: float
     total: float
@@ -129,28 +127,6 @@ class BudgetPlan:
     # (BudgetPlanner(schedule=True): the reference plans, checked against budgets scheduled).
     scheduled: Any = None  # ScheduleResult
     scheduled_estimate: Any = None  # MemoryEstimate
-    _parked: bytes | None = field(default=None, repr=False)  # the rewrite's model as wire bytes
-
-    @property
-    def rewrite(self) -> RewriteResult | None:
-        """The plan's rewrite (None for the unrewritten graph), its model read back from the wire
-        bytes it was parked as (:meth:`park`) the first time it is asked for."""
-        if self._parked is not None:
-            assert self._rewrite is not None
-            model = onnx.ModelProto()
-            model.ParseFromString(self._parked)
-            self._rewrite, self._parked = dataclasses.replace(self._rewrite, model=model), None
-        return self._rewrite
-
-    def park(self) -> None:
-        """Keep the rewrite's model as its wire bytes until :attr:`rewrite` is asked for. The planner
-        keeps every plan it checks, and few are ever read again (the chosen one, those scheduled):
-        protobuf's Python objects take four to five times a model's wire size (a quarter of a GiB
-        for a 10^5-node rewrite, 60 MB as bytes)."""
-        if self._rewrite is not None and self._parked is None:
-            self._parked = self._rewrite.model.SerializeToString()
-            # (this placeholder is never read: ``rewrite`` reads the bytes back first)
-            self._rewrite = dataclasses.replace(self._rewrite, model=onnx.ModelProto())
 
     @property
     def peak(self) -> int:
@@ -169,7 +145,7 @@ class BudgetPlan:
 
     @property
     def clones(self) -> int:
-        return self._rewrite.clone_count if self._rewrite is not None else 0  # (the model is not read)
+        return self.rewrite.clone_count if self.rewrite is not None else 0
 
     def summary(self) -> dict:
         """JSON-ready figures."""
@@ -521,8 +497,6 @@ class BudgetPlanner:
         cost = sum(self.costs.recompute_sum(s.recompute) for s in plan.segments)
         bp = BudgetPlan(source, plan, rewrite, parts[0], cost, self.costs.total, choices)
         bp.observed = self._observe(parts, rewrite, plan, owners)
-        del parts, emu, done, rewrite
-        bp.park()
         return bp
 
     def _observe(self, parts, rewrite: RewriteResult, plan: RecomputePlan, owners: dict | None) -> dict[str, int]:
