@@ -829,11 +829,13 @@ def apply_budget(
     chosen = result.chosen
     scheduled = None
     after = chosen.estimate
-    if chosen.rewrite is None or chosen.plan is None:
+    rewritten = chosen.rewrite is not None and chosen.plan is not None
+    if not rewritten:
         plan = RecomputePlan(segments=[], notes=list(result.notes))
         rewrite = RewriteResult(model=analysis.model, segments=[])
         model = rewrite.model
     else:
+        assert chosen.plan is not None and chosen.rewrite is not None
         plan, rewrite = chosen.plan, chosen.rewrite
         model = rewrite.model
         if schedule:
@@ -853,7 +855,7 @@ def apply_budget(
     for bp in (chosen, *result.references):
         if bp.scheduled is not None:
             bp.scheduled.emulation = None
-    if chosen.rewrite is not None and chosen.plan is not None:
+    if rewritten:
         check_runtime_support(model, "rewritten model")
     peak = int(after.planned_peak_bytes)  # type: ignore[attr-defined]
     result.written_peak = peak
