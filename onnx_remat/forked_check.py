@@ -15,20 +15,20 @@ refusal is what the command reports, whatever it met meanwhile on the unchecked 
 (:func:`onnx_remat.analysis.model.runtime_judged`), exactly as the sequential check would have
 had it. A child that dies without an answer (a crash in ONNX's C++ checker on a hostile file) is a
 refusal too, with the signal named. Where ``fork`` is missing (not POSIX), the check runs in the
-command as before.
+command as before. The child is made as :mod:`onnx_remat.forked` makes its children; a check's
+crash, unlike a computation's, is an answer (a refusal), so its answer has a form of its own.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 from collections.abc import Callable
 
 import onnx
 
 from onnx_remat import errors
+from onnx_remat.forked import fork_child, stop_child
 
 # What the child sends: a tag byte, then the payload.
 _MODEL, _NONE, _REFUSED, _FAILED = b"M", b"N", b"R", b"X"
@@ -48,24 +48,10 @@ class ForkedCheck:
         """Run ``check`` (returns a model or None; raises a :class:`~onnx_remat.errors.RematError`
         to refuse) in a forked child; None where this platform has no ``fork``. ``where`` names the
         model in the message of a child that dies without an answer."""
-        if not hasattr(os, "fork"):
+        started = fork_child(lambda fd: _answer(fd, check))
+        if started is None:
             return None
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child: check, answer, leave (no exit handlers, no buffered output)
-            os.close(read_end)
-            code = 0
-            try:
-                # A Ctrl-C reaches the terminal's whole process group: the parent handles it and
-                # stops the child (cancel); the parent's handlers must not run here.
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                _answer(write_end, check)
-            except BaseException:  # nothing may escape a forked child
-                code = 1
-            finally:
-                os._exit(code)
-        os.close(write_end)
+        pid, read_end = started
         return cls(pid, read_end, where)
 
     def result(self) -> onnx.ModelProto | None:
@@ -102,10 +88,7 @@ class ForkedCheck:
         if self._done:
             return
         self._done = True
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self._pid, signal.SIGKILL)
-        os.close(self._fd)
-        os.waitpid(self._pid, 0)
+        stop_child(self._pid, self._fd)
 
 
 def _answer(fd: int, check: Callable[[], onnx.ModelProto | None]) -> None:

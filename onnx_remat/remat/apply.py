@@ -19,12 +19,12 @@ import onnx
 
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model, runtime_judged
 from onnx_remat.errors import RematError, UsageError
+from onnx_remat.forked import beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
-from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.budget import apply_budget
-from onnx_remat.remat.pipeline import RewritePipeline, unpacking_at_peak
+from onnx_remat.remat.pipeline import RewritePipeline, emulate_original, unpacking_at_peak
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
 from onnx_remat.remat.result import ApplyResult
@@ -172,7 +172,7 @@ def _apply_analysed(
     profile: str | os.PathLike | dict | None,
 ) -> ApplyResult:
     """:func:`apply` on an analysed graph."""
-    from onnx_remat.memory import check_dims, estimate_emulated
+    from onnx_remat.memory import check_dims
 
     check_not_rewritten(analysis.graph)
     if budget is not None:
@@ -198,10 +198,13 @@ def _apply_analysed(
         schedule = False
         notes.append(f"the rewrite was not scheduled: {unbound}")
     # The input graph is emulated once, where needed: for its planned peak, and for the order its
-    # random ops draw in, which every rewrite keeps (the order needs no sizes).
+    # random ops draw in, which every rewrite keeps (the order needs no sizes). Nothing the plan and
+    # the rewrite do reads it, so on a large graph it runs in a forked child beside them (the
+    # second core is otherwise idle there: onnx_remat.forked); the rewrite's order stage takes it.
     check_peak = check_peak and not unbound
-    original = emulate(analysis.model, analysis.sizes) if check_peak or len(random_ops(analysis.model)) > 1 else None
-    before = estimate_emulated(analysis, original) if check_peak and original is not None else None
+    original = None
+    if check_peak or len(random_ops(analysis.model)) > 1:
+        original = beside(lambda: emulate_original(analysis, estimate=check_peak), len(analysis.model.graph.node))
 
     def planned(mode: str) -> RecomputePlan:
         return plan(
@@ -214,19 +217,21 @@ def _apply_analysed(
         schedule=schedule,
         grad_accumulation=grad_accumulation,
         dropout_seed=dropout_seed,
-        estimate=before is not None,
+        estimate=check_peak,
     )
-    # The original's emulation is done with (its estimate and draw order are taken): at 10^5 nodes it
-    # holds hundreds of MiB that the rewrite's emulations would otherwise sit on top of.
     del original
-    checked = pipeline.checked(planned(dropout), before)
+    try:
+        checked = pipeline.checked(planned(dropout))
+    finally:
+        pipeline.cancel()  # (a plan refused before any rewrite was ordered: the child's work is moot)
+    before = pipeline.original.estimate if pipeline.original is not None else None
     if checked.rewrite.packed_masks and checked.estimate is not None and unpacking_at_peak(checked.estimate):
         # Packing trades the masks' bytes for unpacking scratch in the backward pass. Where the
         # estimate says the trade loses (seen: --recompute-outputs, whose stages unpack every
         # earlier block's masks again), the masks stay bytes. Byte masks are 8 times the packed
         # bytes at every other point, so the byte variant can only win where unpacking scratch
         # is live at the packed rewrite's peak: only then is it made (it costs a whole pipeline run).
-        byte = pipeline.checked(planned("byte"), before)
+        byte = pipeline.checked(planned("byte"))
         assert byte.estimate is not None
         if byte.estimate.planned_peak_bytes < checked.estimate.planned_peak_bytes:
             notes.append(

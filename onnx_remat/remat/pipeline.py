@@ -15,8 +15,9 @@ order        :func:`~onnx_remat.scheduling.schedule.order_rewrite`     model -> 
 estimate     :func:`~onnx_remat.memory.estimate_emulated`             Emulation -> MemoryEstimate
 ===========  =======================================================  ===========================
 
-:class:`RewritePipeline` holds what the stages share for one input graph (its analysis, the
-emulation of the original, made once, and the options) and runs them: :meth:`~RewritePipeline.run`
+:class:`RewritePipeline` holds what the stages share for one input graph (its analysis, what
+they keep of the original's emulation, made once: :class:`OriginalGraph`, and the options) and
+runs them: :meth:`~RewritePipeline.run`
 for one plan (the budget planner, for each candidate), :meth:`~RewritePipeline.checked` with the
 peak check that drops the segment holding the most at a raised peak (:func:`onnx_remat.apply`).
 No stage calls back into ``apply``; the estimate is a query on the order stage's emulation.
@@ -28,10 +29,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from onnx_remat.analysis.model import ModelAnalysis
+from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
+from onnx_remat.forked import Forked
 from onnx_remat.graph import tags
 from onnx_remat.memory import MemoryEstimate, estimate_emulated
-from onnx_remat.ortsim.emulation import Emulation
+from onnx_remat.ortsim.emulation import Emulation, emulate
 from onnx_remat.remat.plan import RecomputePlan, SkippedSegment, nothing_to_recompute
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult
 from onnx_remat.scheduling.schedule import OrderedGraph, order_rewrite
@@ -50,14 +53,38 @@ class Rewritten:
     estimate: MemoryEstimate | None
 
 
+@dataclass
+class OriginalGraph:
+    """What the stages keep of the input graph's emulation: the order its random ops draw in (every
+    rewrite keeps it), its tensor sizes as emulated (each rewrite's are updated from them:
+    :func:`~onnx_remat.ortsim.emulation.emulate_rewrite`) and its estimate (None: not asked for).
+    Small beside the emulation, which can go once this is taken."""
+
+    random_order: list[str]
+    sizes: TensorSizes
+    estimate: MemoryEstimate | None = None
+
+    @classmethod
+    def of(cls, emulation: Emulation, analysis: ModelAnalysis | None = None) -> OriginalGraph:
+        """From an emulation of ``analysis``'s graph; with ``analysis``, its estimate too."""
+        estimate = estimate_emulated(analysis, emulation) if analysis is not None else None
+        return cls(emulation.random_order(), emulation.sizes, estimate)
+
+
+def emulate_original(analysis: ModelAnalysis, *, estimate: bool) -> OriginalGraph:
+    """Emulate the analysed input graph once and keep what the stages need of it (with
+    ``estimate``, its estimate too). A function of the analysis alone: :func:`onnx_remat.apply`
+    runs it in a forked child beside the plan and the rewrite (:func:`onnx_remat.forked.beside`)."""
+    return OriginalGraph.of(emulate(analysis.model, analysis.sizes), analysis if estimate else None)
+
+
 class RewritePipeline:
     """The stages after planning, for one analysed training graph.
 
-    ``original``: the emulation of the input graph (its random ops' draw order is kept by every
-    rewrite; None when the graph has fewer than two random ops and nothing is estimated). Only
-    that order and its tensor sizes are kept (each rewrite's sizes are updated from them:
-    :func:`~onnx_remat.ortsim.emulation.emulate_rewrite`): the emulation itself is not held, so
-    the caller can let it go.
+    ``original``: the emulation of the input graph, or what is kept of it (:class:`OriginalGraph`),
+    possibly still being computed (:class:`~onnx_remat.forked.Forked`: taken when the first
+    rewrite is ordered); None when the graph has fewer than two random ops and nothing is
+    estimated. An emulation itself is not held, so the caller can let it go.
     ``schedule`` / ``grad_accumulation``: the order stage's memory schedule
     (:class:`~onnx_remat.scheduling.schedule.MemorySchedule`); ``dropout_seed``: the rewrite's
     (``dropout="seed"``); ``estimate``: whether each result is estimated.
@@ -66,7 +93,7 @@ class RewritePipeline:
     def __init__(
         self,
         analysis: ModelAnalysis,
-        original: Emulation | None,
+        original: Emulation | OriginalGraph | Forked[OriginalGraph] | None,
         *,
         schedule: bool = True,
         grad_accumulation: str = "inplace",
@@ -78,21 +105,34 @@ class RewritePipeline:
         self.grad_accumulation = grad_accumulation
         self.dropout_seed = dropout_seed
         self.estimate = estimate
-        self.random_order = original.random_order() if original is not None else []
-        # What the original's emulation knows of tensor sizes: each rewrite's are updated from it
-        # rather than inferred again (a dict of the graph's tensors, small beside the emulation).
-        self.original_sizes = original.sizes if original is not None else None
+        if isinstance(original, Emulation):
+            original = OriginalGraph.of(original)
+        self._original: Forked[OriginalGraph] | OriginalGraph | None = original
+
+    @property
+    def original(self) -> OriginalGraph | None:
+        """What is kept of the input graph's emulation (waited for, where it is being computed)."""
+        if isinstance(self._original, Forked):
+            self._original = self._original.result()
+        return self._original
+
+    def cancel(self) -> None:
+        """Stop the original's emulation where it is still being computed and no longer needed."""
+        if isinstance(self._original, Forked):
+            self._original.cancel()
+            self._original = None
 
     def order(self, model, *, schedule: bool | None = None) -> OrderedGraph:
         """The order stage on ``model`` (a rewrite of the analysed graph)."""
+        original = self.original
         return order_rewrite(
             model,
             self.analysis.sizes.dims,
-            random_order=self.random_order,
+            random_order=original.random_order if original is not None else [],
             schedule=self.schedule if schedule is None else schedule,
             grad_accumulation=self.grad_accumulation,
             emulation=self.estimate,
-            original_sizes=self.original_sizes,
+            original_sizes=original.sizes if original is not None else None,
         )
 
     def run(self, plan: RecomputePlan) -> Rewritten:
@@ -103,10 +143,10 @@ class RewritePipeline:
         estimate = estimate_emulated(self.analysis, ordered.emulation) if ordered.emulation and self.estimate else None
         return Rewritten(plan, rewrite, ordered, estimate)
 
-    def checked(self, full_plan: RecomputePlan, before: MemoryEstimate | None) -> Rewritten:
+    def checked(self, full_plan: RecomputePlan) -> Rewritten:
         """:meth:`run`, then, while the estimated peak of what would be written is above the original's
-        (``before``; None: not checked), drop the segment holding the most at the peak and run again.
-        Raises a one-line RematError when no segment is left."""
+        (its :class:`OriginalGraph`'s estimate; None: not checked), drop the segment holding the most
+        at the peak and run again. Raises a one-line RematError when no segment is left."""
         dropped: dict[str, str] = {}
         while True:
             plan = dataclasses.replace(
@@ -118,6 +158,7 @@ class RewritePipeline:
                 raise RematError(nothing_to_recompute(plan))
             result = self.run(plan)
             after = result.estimate
+            before = self.original.estimate if self.original is not None else None
             if after is None or before is None or after.planned_peak_bytes <= before.planned_peak_bytes:
                 return result
             label = culprit(after, result.rewrite)

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.forked import Forked, worth_forking
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
@@ -171,19 +172,7 @@ class MemorySchedule:
         for label, g in graphs:
             if g is not given:
                 candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
-            scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added)
-            ends = set(leaf_orders.leaves)
-            # Policies often predict the same order (the DEFAULT policy: the graph's own, whose plan
-            # the emulation makes anyway): an order's plan is made once.
-            plans: list[Prediction] = [(g.order, g.plan)]
-            for policy in self.policies:
-                target = scheduler.order(policy)
-                rank = {i: k for k, i in enumerate(target) if i in ends}
-                predicted = leaf_orders.order(rank)
-                plan = next((p for o, p in plans if o == predicted), None)
-                if plan is None:
-                    plan = plan_memory(g.rg, predicted)
-                    plans.append((predicted, plan))
+            for policy, rank, predicted, plan in _predictions(g, self.policies):
                 ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
                 candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
@@ -193,7 +182,7 @@ class MemorySchedule:
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
         tried = [c[0] for c in candidates]
-        del candidates, plans  # the other predicted plans can go (their figures stay in the Candidates)
+        del candidates  # the other predicted plans can go (their figures stay in the Candidates)
         placers: dict[int, LeafPlacer] = {}  # per graph (by id), its nodes and leaves read once
         for cand, g, names, prediction in promising:
             if best is not None and cand.predicted_peak_bytes >= best[1].planned_peak_bytes:
@@ -243,6 +232,49 @@ class MemorySchedule:
         if best[0].graph == "as given":
             result.accumulated = []
         return result
+
+
+# What a list scheduler's policy predicts for a graph: the policy, the rank it gives the graph's
+# leaves, the order onnxruntime would then run, and that order's memory plan.
+PolicyPrediction = tuple[str, dict[int, int], list[int], MemoryPlan]
+
+
+def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction]:
+    """Each policy's prediction for the graph of ``g``, in the order of ``policies``.
+
+    Policies often predict the same order (the DEFAULT policy: the graph's own, whose plan the
+    emulation makes anyway): an order's plan is made once. Each policy's order and plan take about
+    2 s at 10^5 nodes, and depend on the graph alone: on a large graph the last policy is predicted
+    in a forked child (:class:`onnx_remat.forked.Forked`) while this process makes the emulation's
+    own plan and predicts the others. The child's orders are matched against those
+    here, so an order's plan is still one object, and the predictions are the sequential ones."""
+    scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added)
+    ends = set(leaf_orders.leaves)
+
+    def predict(some: Sequence[str], plans: list[Prediction]) -> list[PolicyPrediction]:
+        out: list[PolicyPrediction] = []
+        for policy in some:
+            target = scheduler.order(policy)
+            rank = {i: k for k, i in enumerate(target) if i in ends}
+            predicted = leaf_orders.order(rank)
+            plan = next((p for o, p in plans if o == predicted), None)
+            if plan is None:
+                plan = plan_memory(g.rg, predicted)
+                plans.append((predicted, plan))
+            out.append((policy, rank, predicted, plan))
+        return out
+
+    if not worth_forking(len(g.order)) or len(policies) < 2:
+        return predict(policies, [(g.order, g.plan)])
+    with Forked.start(lambda: predict(policies[-1:], [])) as rest:
+        plans: list[Prediction] = [(g.order, g.plan)]
+        out = predict(policies[:-1], plans)
+        for policy, rank, predicted, plan in rest.result():
+            same = next((p for o, p in plans if o == predicted), None)
+            if same is None:
+                plans.append((predicted, plan))
+            out.append((policy, rank, predicted, plan if same is None else same))
+    return out
 
 
 @dataclass

@@ -1,0 +1,173 @@
+"""Work run in a forked child process, beside work in this one that does not need its answer yet.
+
+The machines onnx-remat targets have a few cores, and a command is one Python thread: at 10^5
+nodes it spends half a minute on one core. Where two steps of a command read the same state and
+neither needs the other's answer until later (the original graph's estimate and the rewrite; two
+orders' memory plans; two reference plans of the budget planner), :class:`Forked` runs one of them
+in a child made by ``fork``: the child gets the parent's state as it is (no copy, no pickling of
+the inputs), computes, and sends back its value pickled.
+
+The answer is the sequential one by construction. ``compute`` must be a deterministic function of
+state the parent does not change before :meth:`Forked.result`; where the child fails in any way
+(an exception, a signal, a truncated answer) the parent computes the value itself, so an error is
+raised where and as it would have been without the fork, with its own traceback.
+
+Only graphs above :data:`FORK_MIN_NODES` nodes use a child (:func:`worth_forking`): below it, onnxruntime's
+load check runs in a child process on the second core already (:mod:`onnx_remat.model_io`), the
+work is short, and the command stays as it was. Where ``fork`` is missing (not POSIX), the work
+runs in the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import signal
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+# Above this many nodes, work that can run beside the command's own does (beside()). The same size
+# above which no onnxruntime session is started for the load check (model_io), so the second core
+# is free.
+FORK_MIN_NODES = 30_000
+
+_VALUE, _FAILED = b"V", b"X"
+
+
+def fork_child(write: Callable[[int], None]) -> tuple[int, int] | None:
+    """Fork; in the child call ``write(fd)`` (``fd``: the write end of a pipe, which ``write``
+    closes) and leave without running the parent's exit handlers. Returns ``(pid, read end)`` in
+    the parent, or None where this platform has no ``fork``."""
+    if not hasattr(os, "fork"):
+        return None
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: work, answer, leave (no exit handlers, no buffered output)
+        os.close(read_end)
+        code = 0
+        try:
+            # A Ctrl-C reaches the terminal's whole process group: the parent handles it and stops
+            # the child (cancel); the parent's handlers must not run here.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            write(write_end)
+        except BaseException:  # nothing may escape a forked child
+            code = 1
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    return pid, read_end
+
+
+def stop_child(pid: int, fd: int) -> None:
+    """Kill a child of :func:`fork_child` whose answer is no longer wanted, and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+    os.waitpid(pid, 0)
+
+
+class Forked(Generic[T]):
+    """A value being computed in a forked child (:meth:`start`), or already computed here.
+
+    ``result()`` waits for it (once); ``cancel()`` stops the child. Usable as a context manager
+    that cancels on the way out whatever was not taken, so no child outlives an error."""
+
+    def __init__(self, compute: Callable[[], T], pid: int | None = None, fd: int | None = None) -> None:
+        self._compute = compute
+        self._pid = pid
+        self._fd = fd
+        self._value: T | None = None
+        self._has_value = False
+        self._done = False
+
+    @classmethod
+    def start(cls, compute: Callable[[], T]) -> Forked[T]:
+        """Start ``compute`` in a forked child (computed here and now where there is no ``fork``)."""
+        started = fork_child(lambda fd: _answer(fd, compute))
+        if started is None:
+            return cls.done(compute())
+        return cls(compute, *started)
+
+    @classmethod
+    def done(cls, value: T) -> Forked[T]:
+        """A value computed already (what :func:`beside` gives for a small graph)."""
+        made: Forked[T] = cls(lambda: value)
+        made._value, made._has_value = value, True
+        return made
+
+    @property
+    def in_child(self) -> bool:
+        """Whether the value is (being) computed in a child."""
+        return self._pid is not None
+
+    def result(self) -> T:
+        """The value: the child's, or (where the child failed) computed here."""
+        if self._done:
+            raise RuntimeError("Forked.result: the value was taken already")
+        self._done = True
+        if self._has_value:
+            value, self._value = self._value, None
+            return value  # type: ignore[return-value]
+        assert self._pid is not None and self._fd is not None
+        answered, value = False, None
+        try:
+            with os.fdopen(self._fd, "rb") as pipe:
+                if pipe.read(1) == _VALUE:
+                    with contextlib.suppress(Exception):  # a truncated answer: computed here
+                        value, answered = pickle.load(pipe), True
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            raise
+        finally:
+            os.waitpid(self._pid, 0)
+        if answered:
+            return value  # type: ignore[return-value]
+        return self._compute()  # the child failed: the error (or the value) as it comes here
+
+    def cancel(self) -> None:
+        """Stop the child (its value is no longer needed)."""
+        if self._done:
+            return
+        self._done = True
+        self._value = None
+        if self._pid is not None and self._fd is not None:
+            stop_child(self._pid, self._fd)
+
+    def __enter__(self) -> Forked[T]:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
+
+def worth_forking(nodes: int) -> bool:
+    """Whether work on a graph of ``nodes`` nodes runs beside the command's own, in a child: above
+    :data:`FORK_MIN_NODES` (read when asked, so a test can lower it)."""
+    return nodes > FORK_MIN_NODES
+
+
+def beside(compute: Callable[[], T], nodes: int) -> Forked[T]:
+    """``compute`` in a forked child where the graph (of ``nodes`` nodes) is large enough
+    (:func:`worth_forking`), else computed now: the caller goes on with its own work and takes the
+    value with :meth:`Forked.result` when it needs it."""
+    if worth_forking(nodes):
+        return Forked.start(compute)
+    return Forked.done(compute())
+
+
+def _answer(fd: int, compute: Callable[[], object]) -> None:
+    """In the child: compute and write the pickled value to ``fd`` (or the failure tag)."""
+    with os.fdopen(fd, "wb") as pipe:
+        try:
+            value = compute()
+        except BaseException:
+            pipe.write(_FAILED)
+            return
+        pipe.write(_VALUE)
+        pickle.dump(value, pipe, protocol=pickle.HIGHEST_PROTOCOL)

@@ -1,0 +1,125 @@
+"""Work beside the command in a forked child (onnx_remat.forked): the value comes back, a child that
+fails in any way leaves the parent to compute it (so errors are raised as without the fork), and the
+commands that use it write the same graphs and figures with the fork as without it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+from conftest import artifacts_dir
+
+import onnx_remat
+from onnx_remat import forked
+from onnx_remat.errors import RematError
+from onnx_remat.forked import Forked, beside, worth_forking
+
+PARENT = os.getpid()
+
+
+def in_child() -> bool:
+    return os.getpid() != PARENT
+
+
+def test_the_value_comes_back_from_the_child():
+    work = Forked.start(lambda: ("answer", 42, os.getpid()))
+    assert work.in_child
+    name, value, pid = work.result()
+    assert (name, value) == ("answer", 42) and pid != PARENT  # computed there
+    big = Forked.start(lambda: list(range(1_000_000)))  # far more than a pipe holds at once
+    assert big.result() == list(range(1_000_000))
+
+
+def test_a_failing_child_leaves_the_parent_to_compute():
+    def fails_there() -> int:
+        if in_child():
+            raise ValueError("only in the child")
+        return 7
+
+    assert Forked.start(fails_there).result() == 7
+
+    def killed_there() -> int:
+        if in_child():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 8
+
+    assert Forked.start(killed_there).result() == 8
+    # a value pickle cannot send (a lambda) comes from the parent too
+    made = Forked.start(lambda: lambda: 9).result()
+    assert made() == 9
+
+
+def test_an_error_is_raised_as_without_the_fork():
+    def refuses() -> None:
+        raise RematError("model.onnx: refused")
+
+    with pytest.raises(RematError, match="^model.onnx: refused$"):
+        Forked.start(refuses).result()
+
+
+def test_the_value_is_taken_once():
+    work = Forked.start(lambda: 1)
+    assert work.result() == 1
+    with pytest.raises(RuntimeError, match="taken already"):
+        work.result()
+
+
+def test_cancel_stops_the_child():
+    def forever() -> None:
+        while in_child():
+            time.sleep(1)
+
+    began = time.monotonic()
+    with Forked.start(forever) as work:
+        pid = work._pid
+    assert time.monotonic() - began < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped already
+
+
+def test_small_graphs_compute_in_the_command(monkeypatch):
+    assert not worth_forking(forked.FORK_MIN_NODES)
+    work = beside(lambda: os.getpid(), forked.FORK_MIN_NODES)
+    assert not work.in_child and work.result() == PARENT
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    assert beside(lambda: os.getpid(), 1).in_child
+
+
+def _outputs(tmp_path, tag: str) -> dict:
+    """What apply (a selection, and a budget) and schedule write and report on the examples."""
+    out = {}
+    for name, scope in (("blocks10", "Block"), ("gpt", "Block"), ("fc5", "FCBlock")):
+        applied = onnx_remat.apply(artifacts_dir(name), scopes=scope)
+        saved = applied.save(tmp_path / f"{tag}_{name}_apply", force=True)
+        out[name, "apply"] = (saved.joinpath("training_model.onnx").read_bytes(), applied.summary())
+    budgeted = onnx_remat.apply(artifacts_dir("blocks10"), budget="50%")
+    saved = budgeted.save(tmp_path / f"{tag}_budget", force=True)
+    out["blocks10", "budget"] = (saved.joinpath("training_model.onnx").read_bytes(), budgeted.summary())
+    scheduled = onnx_remat.schedule(artifacts_dir("gpt"))
+    saved = scheduled.save(tmp_path / f"{tag}_schedule", force=True)
+    out["gpt", "schedule"] = (saved.joinpath("training_model.onnx").read_bytes(), scheduled.summary())
+    return out
+
+
+def test_commands_write_the_same_with_the_fork(tmp_path, monkeypatch):
+    started = []
+    start = Forked.start.__func__  # type: ignore[attr-defined]
+
+    def counted(cls, compute):
+        started.append(compute)
+        return start(cls, compute)
+
+    monkeypatch.setattr(Forked, "start", classmethod(counted))
+    in_command = _outputs(tmp_path, "in_command")
+    assert not started  # the examples are small: nothing forked
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)  # every graph is large enough
+    with_fork = _outputs(tmp_path, "forked")
+    # the original's estimate (4 applies), each schedule's last policy (4 applies, 1 schedule) and
+    # the budget planner's second reference plan, at least
+    assert len(started) >= 10
+    assert with_fork.keys() == in_command.keys()
+    for key in in_command:
+        assert with_fork[key][0] == in_command[key][0], key
+        assert with_fork[key][1] == in_command[key][1], key
