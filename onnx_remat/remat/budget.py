@@ -45,6 +45,7 @@ from typing import Any
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
+from onnx_remat.forked import Forked, worth_forking
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
@@ -161,6 +162,27 @@ class BudgetPlan:
             "choices": self.choices,
             "model_budget_bytes": self.model_budget,
         }
+
+
+# The largest model a forked child sends back whole (a rewrite, pickled: _evaluate_plans).
+PORTABLE_MODEL_MAX_BYTES = 256 * 2**20
+
+
+def portable(bp: BudgetPlan) -> BudgetPlan:
+    """``bp`` without its plan, and its rewrite's segments naming their plan's segments by index:
+    what a forked child sends back (the plan's segments hold the analysed graph's nodes, which the
+    parent has). :func:`restored` puts them back."""
+    assert bp.plan is not None and bp.rewrite is not None
+    index = {id(seg): k for k, seg in enumerate(bp.plan.segments)}
+    segments = [dataclasses.replace(rs, segment=index[id(rs.segment)]) for rs in bp.rewrite.segments]  # type: ignore[arg-type]
+    return dataclasses.replace(bp, plan=None, rewrite=dataclasses.replace(bp.rewrite, segments=segments))
+
+
+def restored(bp: BudgetPlan, plan: RecomputePlan) -> BudgetPlan:
+    """A :func:`portable` plan made whole again with ``plan``, the plan it was evaluated on."""
+    assert bp.rewrite is not None
+    segments = [dataclasses.replace(rs, segment=plan.segments[rs.segment]) for rs in bp.rewrite.segments]  # type: ignore[call-overload]
+    return dataclasses.replace(bp, plan=plan, rewrite=dataclasses.replace(bp.rewrite, segments=segments))
 
 
 @dataclass
@@ -456,7 +478,7 @@ class BudgetPlanner:
         """Per-layer recompute (every repeated layer unit, as ``--scope``) and the same with
         ``--recompute-outputs``, estimated exactly."""
         if self._references is None:
-            refs = []
+            made: list[tuple[str, bool, RecomputePlan]] = []
             paths = [u.path for u in self.units if u.chain is not None]
             if paths:
                 p = self.model.planner
@@ -476,16 +498,35 @@ class BudgetPlanner:
                         continue
                     except RematError:
                         continue
-                    if not plan.segments:
-                        continue
-                    bp = self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"])
-                    bp.solution = self._reference_solution(merged)
-                    if bp.solution is not None:
-                        self.learn(bp)
-                    refs.append(bp)
+                    if plan.segments:
+                        made.append((source, merged, plan))
+            evaluated = self._evaluate_plans(
+                [(plan, source, [f"--scope on every repeated layer ({source})"]) for source, _, plan in made]
+            )
+            refs = []
+            for (_, merged, _), bp in zip(made, evaluated):
+                bp.solution = self._reference_solution(merged)
+                if bp.solution is not None:
+                    self.learn(bp)
+                refs.append(bp)
             self._references = refs
             self._reference_fix = dict(self.fix)
         return self._references
+
+    def _evaluate_plans(self, plans: list[tuple[RecomputePlan, str, list[str]]]) -> list[BudgetPlan]:
+        """:meth:`_evaluate_plan` of each ``(plan, source, choices)``. Each is a whole pipeline run
+        (11 s at 10^5 nodes) on the analysis alone: on a large graph the last runs in a forked child
+        (:class:`onnx_remat.forked.Forked`) while this process runs the others, and comes back as
+        :func:`portable` makes it. Not where the graph's own bytes (its weights, inside the model)
+        would make the rewrite too heavy to send back."""
+        model = self.analysis.model
+        if len(plans) < 2 or not worth_forking(len(model.graph.node)) or model.ByteSize() > PORTABLE_MODEL_MAX_BYTES:
+            return [self._evaluate_plan(*item) for item in plans]
+        last_plan, source, choices = plans[-1]
+        with Forked.start(lambda: portable(self._evaluate_plan(last_plan, source, choices))) as last:
+            done = [self._evaluate_plan(*item) for item in plans[:-1]]
+            done.append(restored(last.result(), last_plan))
+        return done
 
     def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
         done = self.pipeline.run(plan)
@@ -697,6 +738,9 @@ class BudgetPlanner:
                 progress(f"model budget {format_bytes(model_budget)}: planned peak {format_bytes(bp.peak)}")
             if fits and (best is None or bp.cost < best.cost):
                 best = bp
+        # The rounds are done: their rotor tables go before the schedules below (0.4 GiB at 3,850
+        # layers). A store serves only one budget (its tables' shape is the budget's).
+        self._rotors = RotorStore()
         for ref in refs:
             if self._fits(ref, budget) and (best is None or ref.cost < best.cost):
                 best = ref
