@@ -45,7 +45,7 @@ from typing import Any
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
-from onnx_remat.forked import Forked, worth_forking
+from onnx_remat.forked import Forked, beside, worth_forking
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
@@ -336,9 +336,16 @@ class BudgetPlanner:
         check_not_rewritten(analysis.graph)
         check_dims(analysis)
         self.analysis = analysis
-        self.costs = costs if costs is not None else node_costs(analysis, profile)
-        original = emulate(analysis.model, analysis.sizes)
-        self.baseline = estimate_emulated(analysis, original)
+        # The costs read the analysis alone: on a large graph they are made beside the emulation.
+        pending = (
+            Forked.done(costs)
+            if costs is not None
+            else beside(lambda: node_costs(analysis, profile), len(analysis.model.graph.node))
+        )
+        with pending:
+            original = emulate(analysis.model, analysis.sizes)
+            self.baseline = estimate_emulated(analysis, original)
+            self.costs = pending.result()
         self.baseline_parts = (self.baseline, original.plan, original.rg)
         # the planner's rounds are checked unscheduled; its reference plans and the floor as apply writes them
         self.pipeline = RewritePipeline(analysis, original, schedule=False, grad_accumulation=grad_accumulation)
