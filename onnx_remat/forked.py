@@ -81,6 +81,9 @@ class Forked(Generic[T]):
         self._compute = compute
         self._pid = pid
         self._fd = fd
+        # The process that started the child: only it stops or reaps it (a later fork of this
+        # process holds a copy of this object, and must not kill its sibling).
+        self._owner = os.getpid()
         self._value: T | None = None
         self._has_value = False
         self._done = False
@@ -132,12 +135,20 @@ class Forked(Generic[T]):
 
     def cancel(self) -> None:
         """Stop the child (its value is no longer needed)."""
-        if self._done:
+        if self._done or os.getpid() != self._owner:
             return
         self._done = True
         self._value = None
         if self._pid is not None and self._fd is not None:
             stop_child(self._pid, self._fd)
+
+    def __getstate__(self) -> None:
+        raise TypeError("a Forked value stays in the process that started it")
+
+    def __del__(self) -> None:
+        # A value started and then not wanted (a candidate dropped with what holds it) stops with it.
+        with contextlib.suppress(Exception):
+            self.cancel()
 
     def __enter__(self) -> Forked[T]:
         return self

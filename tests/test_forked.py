@@ -8,13 +8,18 @@ import os
 import signal
 import time
 
+import onnx
 import pytest
 from conftest import artifacts_dir
 
 import onnx_remat
 from onnx_remat import forked
+from onnx_remat.analysis.model import analyze_model
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, beside, worth_forking
+from onnx_remat.ortsim.registry import check_runtime_support
+from onnx_remat.remat.budget import BudgetPlanner
+from onnx_remat.scheduling.schedule import ScheduleResult, check_scheduled
 
 PARENT = os.getpid()
 
@@ -94,9 +99,14 @@ def _outputs(tmp_path, tag: str) -> dict:
         applied = onnx_remat.apply(artifacts_dir(name), scopes=scope)
         saved = applied.save(tmp_path / f"{tag}_{name}_apply", force=True)
         out[name, "apply"] = (saved.joinpath("training_model.onnx").read_bytes(), applied.summary())
-    budgeted = onnx_remat.apply(artifacts_dir("blocks10"), budget="50%")
-    saved = budgeted.save(tmp_path / f"{tag}_budget", force=True)
-    out["blocks10", "budget"] = (saved.joinpath("training_model.onnx").read_bytes(), budgeted.summary())
+    # the rounds and the references; a budget just below the references' peak, so that they are
+    # scheduled (ahead, with the fork); the floor's candidates
+    planner = BudgetPlanner(analyze_model(artifacts_dir("blocks10")))
+    below_references = min(r.peak for r in planner.references()) - 1
+    for budget in ("50%", below_references, "min"):
+        budgeted = onnx_remat.apply(artifacts_dir("blocks10"), budget=budget)
+        saved = budgeted.save(tmp_path / f"{tag}_budget", force=True)
+        out["blocks10", budget] = (saved.joinpath("training_model.onnx").read_bytes(), budgeted.summary())
     scheduled = onnx_remat.schedule(artifacts_dir("gpt"))
     saved = scheduled.save(tmp_path / f"{tag}_schedule", force=True)
     out["gpt", "schedule"] = (saved.joinpath("training_model.onnx").read_bytes(), scheduled.summary())
@@ -116,10 +126,61 @@ def test_commands_write_the_same_with_the_fork(tmp_path, monkeypatch):
     assert not started  # the examples are small: nothing forked
     monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)  # every graph is large enough
     with_fork = _outputs(tmp_path, "forked")
-    # the original's estimate (4 applies), each schedule's last policy (4 applies, 1 schedule) and
-    # the budget planner's second reference plan, at least
-    assert len(started) >= 10
+    # the original's estimate (3 applies), each schedule's last policy (5 applies, 1 schedule), the
+    # budget planner's costs and second reference plan, and schedules made ahead, at least
+    assert len(started) >= 12
     assert with_fork.keys() == in_command.keys()
     for key in in_command:
         assert with_fork[key][0] == in_command[key][0], key
         assert with_fork[key][1] == in_command[key][1], key
+
+
+def _unknown_op_model() -> onnx.ModelProto:
+    """A graph onnxruntime 1.19 refuses (an op it does not know)."""
+    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])
+    node = onnx.helper.make_node("NoSuchOp", ["x"], ["y"], name="n")
+    graph = onnx.helper.make_graph([node], "g", [x], [y])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
+
+
+def _scheduled(model: onnx.ModelProto) -> ScheduleResult:
+    result = ScheduleResult(model, 0, 0, None, [])
+    result.checking = Forked.start(lambda: check_runtime_support(model, "model") is None)
+    return result
+
+
+def test_a_check_started_ahead_is_taken_or_raised_as_the_check_raises():
+    with pytest.raises(RematError) as sequential:
+        check_runtime_support(_unknown_op_model(), "rewritten model")
+    refused = _unknown_op_model()
+    result = _scheduled(refused)
+    with pytest.raises(RematError) as ahead:
+        check_scheduled(result, refused, "rewritten model")
+    assert str(ahead.value) == str(sequential.value)  # named as the caller names it
+    assert result.checking is None
+    # a check of another model than the one written is not taken: the model given is checked
+    result = _scheduled(onnx.load(artifacts_dir("fc5") / "training_model.onnx"))
+    with pytest.raises(RematError) as other:
+        check_scheduled(result, refused, "rewritten model")
+    assert str(other.value) == str(sequential.value)
+    assert str(other.value).startswith("rewritten model: ops onnxruntime 1.19 does not know")
+
+
+def test_apply_takes_the_check_the_schedule_started(monkeypatch):
+    import onnx_remat.scheduling.schedule as schedule_module
+
+    checked = []
+    check = schedule_module.check_runtime_support
+
+    def counted(model, where="model", **kw):
+        checked.append((os.getpid(), where))
+        return check(model, where, **kw)
+
+    monkeypatch.setattr(schedule_module, "check_runtime_support", counted)
+    onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+    assert checked == [(PARENT, "rewritten model")]  # small: checked after the schedule, here
+    checked.clear()
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+    assert checked == []  # the verdict came from the child started when the schedule wrote it

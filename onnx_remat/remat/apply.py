@@ -22,13 +22,13 @@ from onnx_remat.errors import RematError, UsageError
 from onnx_remat.forked import beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
-from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.budget import apply_budget
 from onnx_remat.remat.pipeline import RewritePipeline, emulate_original, unpacking_at_peak
 from onnx_remat.remat.plan import Planner, RecomputePlan, Selection
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
 from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import check_not_rewritten
+from onnx_remat.scheduling.schedule import check_scheduled
 from onnx_remat.units import format_bytes, plural
 
 if TYPE_CHECKING:
@@ -218,6 +218,7 @@ def _apply_analysed(
         grad_accumulation=grad_accumulation,
         dropout_seed=dropout_seed,
         estimate=check_peak,
+        check_ahead=True,
     )
     del original
     try:
@@ -255,7 +256,7 @@ def _apply_analysed(
     rewrite = dataclasses.replace(checked.rewrite, model=result_model)
     final_plan, after, schedule_result = checked.plan, checked.estimate, checked.ordered.schedule
     del checked
-    check_runtime_support(result_model, "rewritten model")
+    check_scheduled(schedule_result, result_model, "rewritten model")
     if rewrite.dropout_seeds:
         notes.append(SEED_NOTE.format(n=len(rewrite.dropout_seeds)))
     unknown = final_plan.unknown_sizes

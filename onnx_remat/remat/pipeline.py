@@ -87,7 +87,9 @@ class RewritePipeline:
     estimated. An emulation itself is not held, so the caller can let it go.
     ``schedule`` / ``grad_accumulation``: the order stage's memory schedule
     (:class:`~onnx_remat.scheduling.schedule.MemorySchedule`); ``dropout_seed``: the rewrite's
-    (``dropout="seed"``); ``estimate``: whether each result is estimated.
+    (``dropout="seed"``); ``estimate``: whether each result is estimated; ``check_ahead``: the
+    schedule starts the output's validity check of what it writes beside its emulation
+    (:func:`~onnx_remat.scheduling.schedule.check_scheduled` takes it).
     """
 
     def __init__(
@@ -99,12 +101,14 @@ class RewritePipeline:
         grad_accumulation: str = "inplace",
         dropout_seed: int = 0,
         estimate: bool = True,
+        check_ahead: bool = False,
     ):
         self.analysis = analysis
         self.schedule = schedule
         self.grad_accumulation = grad_accumulation
         self.dropout_seed = dropout_seed
         self.estimate = estimate
+        self.check_ahead = check_ahead
         if isinstance(original, Emulation):
             original = OriginalGraph.of(original)
         self._original: Forked[OriginalGraph] | OriginalGraph | None = original
@@ -133,6 +137,7 @@ class RewritePipeline:
             grad_accumulation=self.grad_accumulation,
             emulation=self.estimate,
             original_sizes=original.sizes if original is not None else None,
+            check_ahead=self.check_ahead,
         )
 
     def run(self, plan: RecomputePlan) -> Rewritten:

@@ -45,10 +45,12 @@ from typing import TYPE_CHECKING
 import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, worth_forking
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
+from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
 from onnx_remat.scheduling.realize import LeafPlacer
@@ -99,6 +101,9 @@ class ScheduleResult:
     notes: list[str] = field(default_factory=list)
     # of ``model``: what onnxruntime runs (None in an apply result: apply lets it go once estimated)
     emulation: Emulation | None = field(default=None, repr=False)
+    # ``check_runtime_support`` of ``model``, running in a forked child since the schedule wrote it
+    # (MemorySchedule(check_ahead=True)): its verdict is taken by check_scheduled
+    checking: Forked[bool] | None = field(default=None, repr=False, compare=False)
 
     @property
     def changed(self) -> bool:
@@ -126,16 +131,25 @@ class MemorySchedule:
     :mod:`~onnx_remat.scheduling.accumulate`) or ``"sum"`` (sums as written). ``policies``: the
     list schedulers to try; ``verify``: how many of the best predictions may be written and
     emulated again (in predicted order; one predicted no lower than a peak already verified is not).
+    ``check_ahead``: on a large graph, start the output's validity check
+    (:func:`~onnx_remat.ortsim.registry.check_runtime_support`) of each written graph in a forked
+    child while it is emulated (``ScheduleResult.checking``; :func:`check_scheduled` takes it).
     """
 
     def __init__(
-        self, *, grad_accumulation: str = DEFAULT_ACCUMULATION, policies: Sequence[str] = POLICIES, verify: int = 3
+        self,
+        *,
+        grad_accumulation: str = DEFAULT_ACCUMULATION,
+        policies: Sequence[str] = POLICIES,
+        verify: int = 3,
+        check_ahead: bool = False,
     ):
         if grad_accumulation not in MODES:
             raise ValueError(f"grad_accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
         self.grad_accumulation = grad_accumulation
         self.policies = tuple(policies)
         self.verify = verify
+        self.check_ahead = check_ahead
 
     def __call__(
         self,
@@ -178,6 +192,7 @@ class MemorySchedule:
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
 
         best: tuple[Candidate, Emulation, list[str]] | None = None
+        best_checking: Forked[bool] | None = None  # the check of best's model, started ahead
         checked_lists: dict[tuple[str, ...], int] = {}
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
@@ -200,6 +215,7 @@ class MemorySchedule:
                 continue
             # the node list is known before it is written: a list written already costs no copy
             written = placer.write(positions) if positions is not None else g.model
+            checking = self._check_ahead(written)
             emulated = emulate(written, g.sizes, shapes_known=True)
             if prediction is not None:
                 # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
@@ -210,6 +226,12 @@ class MemorySchedule:
             cand.planned_peak_bytes = checked_lists[key] = checked.planned_peak_bytes
             if best is None or checked.planned_peak_bytes < best[1].planned_peak_bytes:
                 best = (cand, checked, pins)
+                if best_checking is not None:
+                    best_checking.cancel()
+                # the check ahead was of the written graph: not of one random-op pins changed
+                best_checking, checking = (checking, None) if checked.model is written else (None, checking)
+            if checking is not None:
+                checking.cancel()
 
         result = ScheduleResult(
             model=given.model,
@@ -225,13 +247,45 @@ class MemorySchedule:
         if best is None or best[1].planned_peak_bytes >= given.planned_peak_bytes:
             result.notes.append("no order tried lowers the planned peak: the graph is left as it was")
             result.accumulated = []
+            if best_checking is not None:
+                best_checking.cancel()
             return result
         result.chosen, result.emulation, result.model = best[0], best[1], best[1].model
+        result.checking = best_checking
         result.pins = given_pins + best[2]
         result.planned_peak_after = best[1].planned_peak_bytes
         if best[0].graph == "as given":
             result.accumulated = []
         return result
+
+    def _check_ahead(self, written: onnx.ModelProto) -> Forked[bool] | None:
+        """The validity check of ``written`` started in a forked child (``check_ahead``, large
+        graphs only), or None. True when the model passes; a refusal is taken again where it is
+        settled (:func:`check_scheduled`), so that its message names the model as the caller does."""
+        if not self.check_ahead or not worth_forking(len(written.graph.node)):
+            return None
+        return Forked.start(lambda: check_runtime_support(written, "model") is None)
+
+
+def check_scheduled(result: ScheduleResult | None, model: onnx.ModelProto, where: str) -> None:
+    """:func:`~onnx_remat.ortsim.registry.check_runtime_support` of ``model`` (the graph to be
+    written; ``where`` names it), taking the verdict of the check the schedule started when it
+    wrote ``model`` (``result.checking``), where there is one: what it adds is the time the
+    check takes beyond the emulation and the estimate it ran beside. A refusal there is checked
+    again here, so it is raised as the check raises it."""
+    checking = result.checking if result is not None else None
+    if result is not None:
+        result.checking = None
+    if checking is not None:
+        if result is not None and result.model is model:
+            try:
+                if checking.result():
+                    return
+            except RematError:
+                pass
+        else:
+            checking.cancel()
+    check_runtime_support(model, where)
 
 
 # What a list scheduler's policy predicts for a graph: the policy, the rank it gives the graph's
@@ -299,6 +353,7 @@ def order_rewrite(
     grad_accumulation: str = DEFAULT_ACCUMULATION,
     emulation: bool = True,
     original_sizes: TensorSizes | None = None,
+    check_ahead: bool = False,
 ) -> OrderedGraph:
     """The order pass after a rewrite: emulate ``model`` once, keep its random ops in
     ``random_order`` (the original graph's draw order; pins only where the rewrite changed it) and,
@@ -311,7 +366,9 @@ def order_rewrite(
     would change it) are first put in a form onnxruntime computes correctly
     (:mod:`onnx_remat.graph.kernel_workarounds`). ``original_sizes``: the sizes of the emulation of
     the graph ``model`` rewrites, if there is one: ``model``'s are then updated from those
-    (:func:`~onnx_remat.ortsim.emulation.emulate_rewrite`), not inferred again.
+    (:func:`~onnx_remat.ortsim.emulation.emulate_rewrite`), not inferred again. ``check_ahead``:
+    the schedule's (:class:`MemorySchedule`), whose check the caller takes with
+    :func:`check_scheduled`.
     """
     model, workarounds = fix_grouped_conv_grads(model)
     if not schedule and not emulation and len(random_order) < 2:
@@ -321,7 +378,9 @@ def order_rewrite(
     else:
         emu = emulate(model, TensorSizes(model, dims))
     if schedule:
-        result = MemorySchedule(grad_accumulation=grad_accumulation)(emu, random_order=random_order)
+        result = MemorySchedule(grad_accumulation=grad_accumulation, check_ahead=check_ahead)(
+            emu, random_order=random_order
+        )
         assert result.emulation is not None
         return OrderedGraph(result.model, result.emulation, result, list(result.pins), workarounds)
     emu, pins = keep_random_order(emu, random_order)
@@ -344,7 +403,6 @@ class ScheduledModel:
     def default_output(self) -> Path:
         """Where :meth:`save` writes without a path: ``x.scheduled.onnx`` or ``<artifacts>_scheduled/``
         in the current directory (as :meth:`onnx_remat.ApplyResult.default_output`)."""
-        from onnx_remat.errors import RematError
         from onnx_remat.model_io import remat_output
 
         src = self.analysis.source
@@ -395,9 +453,7 @@ def schedule(
     Raises :class:`~onnx_remat.errors.RematError` on bad input and unbound dimensions.
     """
     from onnx_remat.analysis.model import ModelAnalysis, analyze_model, runtime_judged
-    from onnx_remat.errors import RematError
     from onnx_remat.memory import check_dims, estimate_emulated
-    from onnx_remat.ortsim.registry import check_runtime_support
 
     if grad_accumulation not in MODES:
         raise RematError(f"gradient accumulation must be one of {', '.join(MODES)}, not {grad_accumulation!r}")
@@ -412,10 +468,12 @@ def schedule(
         before = estimate_emulated(analysis, original)
         fixed, workarounds = fix_grouped_conv_grads(analysis.model)
         given = original if fixed is analysis.model else emulate(fixed, analysis.sizes)
-        result = MemorySchedule(grad_accumulation=grad_accumulation)(given, random_order=original.random_order())
+        result = MemorySchedule(grad_accumulation=grad_accumulation, check_ahead=True)(
+            given, random_order=original.random_order()
+        )
         if workarounds:
             result.notes.append(WORKAROUND_NOTE.format(n=len(workarounds)))
             result.chosen = result.chosen or Candidate("as given", "as written", result.planned_peak_after)
         after = estimate_emulated(analysis, result.emulation) if result.changed and result.emulation else before
-        check_runtime_support(result.model, "scheduled model")
+        check_scheduled(result, result.model, "scheduled model")
         return ScheduledModel(result.model, result, analysis, before, after)
