@@ -12,7 +12,7 @@ state the parent does not change before :meth:`Forked.result`; where the child f
 (an exception, a signal, a truncated answer) the parent computes the value itself, so an error is
 raised where and as it would have been without the fork, with its own traceback.
 
-Only graphs above :data:`FORK_MIN_NODES` nodes use a child (:func:`worth_forking`): below it, onnxruntime's
+Only graphs above :data:`FORK_MIN_NODES` nodes use a child (:func:`worth_running_beside`): below it, onnxruntime's
 load check runs in a child process on the second core already (:mod:`onnx_remat.model_io`), the
 work is short, and the command stays as it was. Where ``fork`` is missing (not POSIX), the work
 runs in the command.
@@ -157,7 +157,7 @@ class Forked(Generic[T]):
         self.cancel()
 
 
-def worth_forking(nodes: int) -> bool:
+def worth_running_beside(nodes: int) -> bool:
     """Whether work on a graph of ``nodes`` nodes runs beside the command's own, in a child: above
     :data:`FORK_MIN_NODES` (read when asked, so a test can lower it)."""
     return nodes > FORK_MIN_NODES
@@ -165,9 +165,9 @@ def worth_forking(nodes: int) -> bool:
 
 def beside(compute: Callable[[], T], nodes: int) -> Forked[T]:
     """``compute`` in a forked child where the graph (of ``nodes`` nodes) is large enough
-    (:func:`worth_forking`), else computed now: the caller goes on with its own work and takes the
+    (:func:`worth_running_beside`), else computed now: the caller goes on with its own work and takes the
     value with :meth:`Forked.result` when it needs it."""
-    if worth_forking(nodes):
+    if worth_running_beside(nodes):
         return Forked.start(compute)
     return Forked.done(compute())
 

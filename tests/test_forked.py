@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
+from pathlib import Path
 
 import onnx
 import pytest
@@ -16,7 +18,8 @@ import onnx_remat
 from onnx_remat import forked
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.errors import RematError
-from onnx_remat.forked import Forked, beside, worth_forking
+from onnx_remat.forked import Forked, beside, worth_running_beside
+from onnx_remat.ortsim.check_process import CheckProcess
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.remat.budget import BudgetPlanner
 from onnx_remat.scheduling.schedule import ScheduleResult, check_scheduled
@@ -85,7 +88,7 @@ def test_cancel_stops_the_child():
 
 
 def test_small_graphs_compute_in_the_command(monkeypatch):
-    assert not worth_forking(forked.FORK_MIN_NODES)
+    assert not worth_running_beside(forked.FORK_MIN_NODES)
     work = beside(lambda: os.getpid(), forked.FORK_MIN_NODES)
     assert not work.in_child and work.result() == PARENT
     monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
@@ -146,8 +149,21 @@ def _unknown_op_model() -> onnx.ModelProto:
 
 def _scheduled(model: onnx.ModelProto) -> ScheduleResult:
     result = ScheduleResult(model, 0, 0, None, [])
-    result.checking = Forked.start(lambda: check_runtime_support(model, "model") is None)
+    result.checking = CheckProcess.start(model)
     return result
+
+
+def test_the_check_process_gives_the_checks_verdict():
+    passed = CheckProcess.start(onnx.load(artifacts_dir("fc5") / "training_model.onnx"))
+    refused = CheckProcess.start(_unknown_op_model())
+    assert passed is not None and refused is not None
+    assert passed.result() is True
+    assert refused.result() is False
+    assert not list(Path(tempfile.gettempdir()).glob("onnx-remat-check-*"))  # its files are gone
+    stopped = CheckProcess.start(_unknown_op_model())
+    assert stopped is not None
+    stopped.cancel()
+    assert stopped._proc.returncode is not None  # reaped
 
 
 def test_a_check_started_ahead_is_taken_or_raised_as_the_check_raises():
@@ -167,20 +183,34 @@ def test_a_check_started_ahead_is_taken_or_raised_as_the_check_raises():
     assert str(other.value).startswith("rewritten model: ops onnxruntime 1.19 does not know")
 
 
-def test_apply_takes_the_check_the_schedule_started(monkeypatch):
+def test_apply_and_schedule_take_the_check_the_schedule_started(monkeypatch):
     import onnx_remat.scheduling.schedule as schedule_module
 
     checked = []
     check = schedule_module.check_runtime_support
 
     def counted(model, where="model", **kw):
-        checked.append((os.getpid(), where))
+        checked.append(where)
         return check(model, where, **kw)
 
+    started = []
+    start = CheckProcess.start.__func__  # type: ignore[attr-defined]
+
+    def counted_start(cls, model):
+        started.append(len(model.graph.node))
+        return start(cls, model)
+
     monkeypatch.setattr(schedule_module, "check_runtime_support", counted)
+    monkeypatch.setattr(CheckProcess, "start", classmethod(counted_start))
     onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
-    assert checked == [(PARENT, "rewritten model")]  # small: checked after the schedule, here
+    onnx_remat.schedule(artifacts_dir("fc5"))
+    assert checked == ["rewritten model", "scheduled model"]  # small: checked here after the schedule
+    assert not started
     checked.clear()
     monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
     onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
-    assert checked == []  # the verdict came from the child started when the schedule wrote it
+    onnx_remat.schedule(artifacts_dir("fc5"))
+    assert len(started) == 2  # one written graph each
+    assert checked == []  # the verdicts came from the checks started when the schedule wrote them
+    onnx_remat.schedule(artifacts_dir("gpt"))  # no order lowers its peak: nothing written ahead
+    assert len(started) == 2 and checked == ["scheduled model"]

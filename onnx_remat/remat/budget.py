@@ -45,7 +45,7 @@ from typing import Any
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
-from onnx_remat.forked import Forked, beside, worth_forking
+from onnx_remat.forked import Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
@@ -530,7 +530,11 @@ class BudgetPlanner:
         :func:`portable` makes it. Not where the graph's own bytes (its weights, inside the model)
         would make the rewrite too heavy to send back."""
         model = self.analysis.model
-        if len(plans) < 2 or not worth_forking(len(model.graph.node)) or model.ByteSize() > PORTABLE_MODEL_MAX_BYTES:
+        if (
+            len(plans) < 2
+            or not worth_running_beside(len(model.graph.node))
+            or model.ByteSize() > PORTABLE_MODEL_MAX_BYTES
+        ):
             return [self._evaluate_plan(*item) for item in plans]
         last_plan, source, choices = plans[-1]
         with Forked.start(lambda: portable(self._evaluate_plan(last_plan, source, choices))) as last:
@@ -719,7 +723,7 @@ class BudgetPlanner:
         changes what its schedule is. Any not taken are dropped by :meth:`_drop_ahead`."""
         self._drop_ahead()
         rewrites = [r for r in rewrites if id(r) not in self._schedules]
-        if not rewrites or not worth_forking(len(self.analysis.model.graph.node)):
+        if not rewrites or not worth_running_beside(len(self.analysis.model.graph.node)):
             return
 
         self._ahead = (rewrites, Forked.start(lambda: [self._schedule(r) for r in rewrites]))

@@ -46,8 +46,9 @@ import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
-from onnx_remat.forked import Forked, worth_forking
+from onnx_remat.forked import Forked, worth_running_beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
+from onnx_remat.ortsim.check_process import CheckProcess
 from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.ortsim.registry import check_runtime_support
@@ -101,9 +102,9 @@ class ScheduleResult:
     notes: list[str] = field(default_factory=list)
     # of ``model``: what onnxruntime runs (None in an apply result: apply lets it go once estimated)
     emulation: Emulation | None = field(default=None, repr=False)
-    # ``check_runtime_support`` of ``model``, running in a forked child since the schedule wrote it
-    # (MemorySchedule(check_ahead=True)): its verdict is taken by check_scheduled
-    checking: Forked[bool] | None = field(default=None, repr=False, compare=False)
+    # ``check_runtime_support`` of ``model``, running in a child process since the schedule wrote
+    # it (MemorySchedule(check_ahead=True)): its verdict is taken by check_scheduled
+    checking: CheckProcess | None = field(default=None, repr=False, compare=False)
 
     @property
     def changed(self) -> bool:
@@ -132,8 +133,9 @@ class MemorySchedule:
     list schedulers to try; ``verify``: how many of the best predictions may be written and
     emulated again (in predicted order; one predicted no lower than a peak already verified is not).
     ``check_ahead``: on a large graph, start the output's validity check
-    (:func:`~onnx_remat.ortsim.registry.check_runtime_support`) of each written graph in a forked
-    child while it is emulated (``ScheduleResult.checking``; :func:`check_scheduled` takes it).
+    (:func:`~onnx_remat.ortsim.registry.check_runtime_support`) of each written graph in a child
+    process while it is emulated (:class:`~onnx_remat.ortsim.check_process.CheckProcess`:
+    ``ScheduleResult.checking``, which :func:`check_scheduled` takes).
     """
 
     def __init__(
@@ -192,7 +194,7 @@ class MemorySchedule:
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
 
         best: tuple[Candidate, Emulation, list[str]] | None = None
-        best_checking: Forked[bool] | None = None  # the check of best's model, started ahead
+        best_checking: CheckProcess | None = None  # the check of best's model, started ahead
         checked_lists: dict[tuple[str, ...], int] = {}
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
@@ -258,33 +260,27 @@ class MemorySchedule:
             result.accumulated = []
         return result
 
-    def _check_ahead(self, written: onnx.ModelProto) -> Forked[bool] | None:
-        """The validity check of ``written`` started in a forked child (``check_ahead``, large
-        graphs only), or None. True when the model passes; a refusal is taken again where it is
-        settled (:func:`check_scheduled`), so that its message names the model as the caller does."""
-        if not self.check_ahead or not worth_forking(len(written.graph.node)):
+    def _check_ahead(self, written: onnx.ModelProto) -> CheckProcess | None:
+        """The validity check of ``written`` started in a child process (``check_ahead``, large
+        graphs only: :func:`~onnx_remat.forked.worth_running_beside`), or None."""
+        if not self.check_ahead or not worth_running_beside(len(written.graph.node)):
             return None
-        return Forked.start(lambda: check_runtime_support(written, "model") is None)
+        return CheckProcess.start(written)
 
 
 def check_scheduled(result: ScheduleResult | None, model: onnx.ModelProto, where: str) -> None:
     """:func:`~onnx_remat.ortsim.registry.check_runtime_support` of ``model`` (the graph to be
     written; ``where`` names it), taking the verdict of the check the schedule started when it
-    wrote ``model`` (``result.checking``), where there is one: what it adds is the time the
+    wrote ``model`` (``result.checking``), where there is one: what it adds is then the time the
     check takes beyond the emulation and the estimate it ran beside. A refusal there is checked
     again here, so it is raised as the check raises it."""
     checking = result.checking if result is not None else None
     if result is not None:
         result.checking = None
     if checking is not None:
-        if result is not None and result.model is model:
-            try:
-                if checking.result():
-                    return
-            except RematError:
-                pass
-        else:
-            checking.cancel()
+        if result is not None and result.model is model and checking.result():
+            return
+        checking.cancel()
     check_runtime_support(model, where)
 
 
@@ -318,7 +314,7 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
             out.append((policy, rank, predicted, plan))
         return out
 
-    if not worth_forking(len(g.order)) or len(policies) < 2:
+    if not worth_running_beside(len(g.order)) or len(policies) < 2:
         return predict(policies, [(g.order, g.plan)])
     with Forked.start(lambda: predict(policies[-1:], [])) as rest:
         plans: list[Prediction] = [(g.order, g.plan)]
