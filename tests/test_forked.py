@@ -4,6 +4,7 @@ commands that use it write the same graphs and figures with the fork as without 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import tempfile
@@ -214,3 +215,26 @@ def test_apply_and_schedule_take_the_check_the_schedule_started(monkeypatch):
     assert checked == []  # the verdicts came from the checks started when the schedule wrote them
     onnx_remat.schedule(artifacts_dir("gpt"))  # no order lowers its peak: nothing written ahead
     assert len(started) == 2 and checked == ["scheduled model"]
+
+
+def test_large_graphs_plans_keep_their_models_as_wire_bytes(monkeypatch):
+    from onnx_remat.remat.budget import ParkedRewrite
+
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)  # every graph is large enough
+    planner = BudgetPlanner(analyze_model(artifacts_dir("blocks10")), schedule=True)
+    ref = planner.references()[0]
+    assert isinstance(ref._rewrite, ParkedRewrite)
+    clones = ref.clones
+    assert clones > 0  # its figures read no model
+    again = planner.pipeline.run(ref.plan)  # the same plan rewritten and ordered anew
+    first, second = ref.rewrite, ref.rewrite
+    assert first is not None and second is not None and first.model is not second.model  # read each time
+    assert first.model.SerializeToString() == again.ordered.model.SerializeToString()
+    assert first.segments and first.clone_count == clones
+    # a plan's copies share what is parked, so each rewrite is scheduled once
+    copy = dataclasses.replace(ref)
+    made = []
+    schedule = planner._schedule
+    monkeypatch.setattr(planner, "_schedule", lambda r: made.append(r) or schedule(r))
+    assert planner.scheduled(ref._rewrite) == planner.scheduled(copy._rewrite)
+    assert len(made) == 1

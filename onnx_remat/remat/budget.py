@@ -42,6 +42,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnx
+
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
@@ -105,6 +107,42 @@ def makers_first(segments: list[Segment]) -> list[Segment]:
     return out
 
 
+class ParkedRewrite:
+    """A rewrite whose model is kept as its wire bytes until it is read.
+
+    The budget planner keeps every plan it checks, and reads few of them again (the chosen one,
+    those it schedules). protobuf's Python objects take four to five times a model's wire size: a
+    10^5-node rewrite is a quarter of a GiB as objects, 60 MB as bytes, and ``--budget min`` at
+    10^5 nodes checks a dozen plans. Parked on large graphs only
+    (:func:`~onnx_remat.forked.worth_running_beside`): on small ones the freed objects' memory
+    was measured not to come back (GPT-2 small, ``--budget min``: 312 to 378 MiB). The copies of
+    a :class:`BudgetPlan` share one ParkedRewrite (the planner's schedules are kept by it)."""
+
+    def __init__(self, rewrite: RewriteResult) -> None:
+        self._bytes = rewrite.model.SerializeToString()
+        # the rewrite's other fields, with a placeholder model that is never read
+        self._skeleton = dataclasses.replace(rewrite, model=onnx.ModelProto())
+
+    @property
+    def clone_count(self) -> int:
+        return self._skeleton.clone_count
+
+    def read(self) -> RewriteResult:
+        """The rewrite, its model parsed from the bytes (a new one at each call: what reads it
+        holds it only as long as it needs it; 0.1 s at 10^5 nodes)."""
+        model = onnx.ModelProto()
+        model.ParseFromString(self._bytes)
+        return dataclasses.replace(self._skeleton, model=model)
+
+    def with_segments(self, segments: list) -> ParkedRewrite:
+        """The same parked rewrite with other segments (what a forked child sends back names its
+        plan's segments by index: :func:`portable`)."""
+        made = ParkedRewrite.__new__(ParkedRewrite)
+        made._bytes = self._bytes
+        made._skeleton = dataclasses.replace(self._skeleton, segments=segments)
+        return made
+
+
 @dataclass
 class BudgetPlan:
     """One plan and its exact figures.
@@ -116,7 +154,7 @@ class BudgetPlan:
 
     source: str  # planner, per-layer, recompute-outputs or none
     plan: RecomputePlan | None
-    rewrite: RewriteResult | None
+    _rewrite: RewriteResult | ParkedRewrite | None  # read it as ``rewrite``
     estimate: object  # MemoryEstimate
     cost: float
     total: float
@@ -128,6 +166,13 @@ class BudgetPlan:
     # (BudgetPlanner(schedule=True): the reference plans, checked against budgets scheduled).
     scheduled: Any = None  # ScheduleResult
     scheduled_estimate: Any = None  # MemoryEstimate
+
+    @property
+    def rewrite(self) -> RewriteResult | None:
+        """The plan's rewrite (None for the unrewritten graph); where the planner parked its model
+        (:class:`ParkedRewrite`), read back from its bytes at each call."""
+        r = self._rewrite
+        return r.read() if isinstance(r, ParkedRewrite) else r
 
     @property
     def peak(self) -> int:
@@ -146,7 +191,7 @@ class BudgetPlan:
 
     @property
     def clones(self) -> int:
-        return self.rewrite.clone_count if self.rewrite is not None else 0
+        return self._rewrite.clone_count if self._rewrite is not None else 0  # (no parked model read)
 
     def summary(self) -> dict:
         """JSON-ready figures."""
@@ -172,17 +217,26 @@ def portable(bp: BudgetPlan) -> BudgetPlan:
     """``bp`` without its plan, and its rewrite's segments naming their plan's segments by index:
     what a forked child sends back (the plan's segments hold the analysed graph's nodes, which the
     parent has). :func:`restored` puts them back."""
-    assert bp.plan is not None and bp.rewrite is not None
+    assert bp.plan is not None and bp._rewrite is not None
     index = {id(seg): k for k, seg in enumerate(bp.plan.segments)}
-    segments = [dataclasses.replace(rs, segment=index[id(rs.segment)]) for rs in bp.rewrite.segments]  # type: ignore[arg-type]
-    return dataclasses.replace(bp, plan=None, rewrite=dataclasses.replace(bp.rewrite, segments=segments))
+    return dataclasses.replace(bp, plan=None, _rewrite=_with_segments(bp._rewrite, lambda rs: index[id(rs.segment)]))
 
 
 def restored(bp: BudgetPlan, plan: RecomputePlan) -> BudgetPlan:
     """A :func:`portable` plan made whole again with ``plan``, the plan it was evaluated on."""
-    assert bp.rewrite is not None
-    segments = [dataclasses.replace(rs, segment=plan.segments[rs.segment]) for rs in bp.rewrite.segments]  # type: ignore[call-overload]
-    return dataclasses.replace(bp, plan=plan, rewrite=dataclasses.replace(bp.rewrite, segments=segments))
+    assert bp._rewrite is not None
+    return dataclasses.replace(
+        bp, plan=plan, _rewrite=_with_segments(bp._rewrite, lambda rs: plan.segments[rs.segment])
+    )
+
+
+def _with_segments(rewrite: RewriteResult | ParkedRewrite, segment: Callable) -> RewriteResult | ParkedRewrite:
+    """``rewrite`` with each rewritten segment's ``segment`` replaced by ``segment(rs)``."""
+    if isinstance(rewrite, ParkedRewrite):
+        segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in rewrite._skeleton.segments]
+        return rewrite.with_segments(segments)
+    segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in rewrite.segments]
+    return dataclasses.replace(rewrite, segments=segments)
 
 
 @dataclass
@@ -367,10 +421,13 @@ class BudgetPlanner:
         # A solution is rewritten and emulated once per planner: the floor's candidates, the rounds of
         # every budget and the references repeat plans (the same solution at several model budgets).
         self._realized: dict[tuple[str, str], BudgetPlan] = {}
-        self._schedules: dict[int, tuple[RewriteResult, ScheduleResult, MemoryEstimate]] = {}  # by id(rewrite)
+        # by id(rewrite): the plans' rewrites, parked or not (a BudgetPlan's copies share it)
+        self._schedules: dict[int, tuple[RewriteResult | ParkedRewrite, ScheduleResult, MemoryEstimate]] = {}
         # Schedules being made in a forked child, ahead of need (_schedule_ahead): the rewrites, and
         # their (schedule, estimate) pairs in that order.
-        self._ahead: tuple[list[RewriteResult], Forked[list[tuple[ScheduleResult, MemoryEstimate]]]] | None = None
+        self._ahead: (
+            tuple[list[RewriteResult | ParkedRewrite], Forked[list[tuple[ScheduleResult, MemoryEstimate]]]] | None
+        ) = None
         self._rotors = RotorStore()  # a budget's rounds solve it again with a few units corrected
 
     @property
@@ -552,6 +609,9 @@ class BudgetPlanner:
         cost = sum(self.costs.recompute_sum(s.recompute) for s in plan.segments)
         bp = BudgetPlan(source, plan, rewrite, parts[0], cost, self.costs.total, choices)
         bp.observed = self._observe(parts, rewrite, plan, owners)
+        if worth_running_beside(len(rewrite.model.graph.node)):
+            del parts, emu, done
+            bp._rewrite = ParkedRewrite(rewrite)
         return bp
 
     def _observe(self, parts, rewrite: RewriteResult, plan: RecomputePlan, owners: dict | None) -> dict[str, int]:
@@ -685,15 +745,15 @@ class BudgetPlanner:
         ``schedule``; computed once) or not."""
         if bp.peak <= budget:
             return True
-        if not self.schedule or bp.rewrite is None or bp.scheduled is not None:
+        if not self.schedule or bp._rewrite is None or bp.scheduled is not None:
             return bp.written_peak <= budget
-        bp.scheduled, bp.scheduled_estimate = self.scheduled(bp.rewrite)
+        bp.scheduled, bp.scheduled_estimate = self.scheduled(bp._rewrite)
         return bp.written_peak <= budget
 
-    def scheduled(self, rewrite: RewriteResult) -> tuple[ScheduleResult, MemoryEstimate]:
-        """The memory schedule of a plan's rewrite (as ``apply`` writes it) and its exact estimate;
-        computed once per rewrite (the floor's candidates are scheduled, and ``apply`` schedules the
-        chosen plan, often one of them)."""
+    def scheduled(self, rewrite: RewriteResult | ParkedRewrite) -> tuple[ScheduleResult, MemoryEstimate]:
+        """The memory schedule of a plan's rewrite (as ``apply`` writes it; parked or not) and its
+        exact estimate; computed once per rewrite (the floor's candidates are scheduled, and
+        ``apply`` schedules the chosen plan, often one of them)."""
         if self._ahead is not None and any(r is rewrite for r in self._ahead[0]):
             rewrites, pending = self._ahead
             self._ahead = None
@@ -706,17 +766,19 @@ class BudgetPlanner:
         self._schedules[id(rewrite)] = (rewrite, sched, est)
         return sched, est
 
-    def _schedule(self, rewrite: RewriteResult) -> tuple[ScheduleResult, MemoryEstimate]:
+    def _schedule(self, rewrite: RewriteResult | ParkedRewrite) -> tuple[ScheduleResult, MemoryEstimate]:
         """The schedule of ``rewrite`` and its estimate; the schedule without its emulation (a
         quarter to half a GiB at 10^5 nodes, and the floor schedules up to six plans, each kept):
         what is read of it later is its model and figures."""
-        ordered = self.pipeline.order(rewrite.model, schedule=True)
+        model = rewrite.read().model if isinstance(rewrite, ParkedRewrite) else rewrite.model
+        ordered = self.pipeline.order(model, schedule=True)
+        del model
         assert ordered.schedule is not None and ordered.emulation is not None
         estimate = estimate_emulated(self.analysis, ordered.emulation)
         ordered.schedule.emulation = None
         return ordered.schedule, estimate
 
-    def _schedule_ahead(self, rewrites: list[RewriteResult]) -> None:
+    def _schedule_ahead(self, rewrites: list[RewriteResult | ParkedRewrite]) -> None:
         """Start the schedules of ``rewrites`` in a forked child, on a large graph, for
         :meth:`scheduled` to take when they are asked for: a reference plan above the budget is
         scheduled once the budget's rounds are done (14 s at 10^5 nodes), and nothing in the rounds
@@ -763,7 +825,7 @@ class BudgetPlanner:
         # The references above the budget are scheduled after the rounds (_fits): from here on.
         if self.schedule:
             self._schedule_ahead(
-                [r.rewrite for r in refs if r.rewrite is not None and r.scheduled is None and r.peak > budget]
+                [r._rewrite for r in refs if r._rewrite is not None and r.scheduled is None and r.peak > budget]
             )
         try:
             return self._plan_within(budget, base, refs, attempts, progress)
@@ -850,7 +912,7 @@ class BudgetPlanner:
             # each candidate is scheduled below (14 s at 10^5 nodes): on a large graph, the later
             # half in a forked child while this process schedules the first
             needing = list(
-                {id(c.rewrite): c.rewrite for c in found if c.rewrite is not None and c.scheduled is None}.values()
+                {id(c._rewrite): c._rewrite for c in found if c._rewrite is not None and c.scheduled is None}.values()
             )
             self._schedule_ahead(needing[(len(needing) + 1) // 2 :])
         try:
@@ -947,20 +1009,22 @@ def apply_budget(
     chosen = result.chosen
     scheduled = None
     after = chosen.estimate
-    rewritten = chosen.rewrite is not None and chosen.plan is not None
+    rewritten = chosen._rewrite is not None and chosen.plan is not None
     if not rewritten:
         plan = RecomputePlan(segments=[], notes=list(result.notes))
         rewrite = RewriteResult(model=analysis.model, segments=[])
         model = rewrite.model
     else:
-        assert chosen.plan is not None and chosen.rewrite is not None
-        plan, rewrite = chosen.plan, chosen.rewrite
+        assert chosen.plan is not None and chosen._rewrite is not None
+        read = chosen.rewrite
+        assert read is not None
+        plan, rewrite = chosen.plan, read
         model = rewrite.model
         if schedule:
             if chosen.scheduled is not None:  # a reference plan the planner scheduled already
                 candidate, est = chosen.scheduled, chosen.scheduled_estimate
             else:
-                candidate, est = planner.scheduled(rewrite)
+                candidate, est = planner.scheduled(chosen._rewrite)  # (parked or not: as the planner keeps it)
             if est.planned_peak_bytes <= chosen.peak:
                 scheduled, model, after = candidate, candidate.model, est
             del candidate
