@@ -215,6 +215,9 @@ def test_apply_and_schedule_take_the_check_the_schedule_started(monkeypatch):
     assert checked == []  # the verdicts came from the checks started when the schedule wrote them
     onnx_remat.schedule(artifacts_dir("gpt"))  # no order lowers its peak: nothing written ahead
     assert len(started) == 2 and checked == ["scheduled model"]
+    checked.clear()
+    onnx_remat.apply(artifacts_dir("blocks10"), budget="50%")  # the chosen plan's schedule
+    assert len(started) == 3 and checked == []
 
 
 def test_large_graphs_plans_keep_their_models_as_wire_bytes(monkeypatch):
@@ -235,6 +238,6 @@ def test_large_graphs_plans_keep_their_models_as_wire_bytes(monkeypatch):
     copy = dataclasses.replace(ref)
     made = []
     schedule = planner._schedule
-    monkeypatch.setattr(planner, "_schedule", lambda r: made.append(r) or schedule(r))
+    monkeypatch.setattr(planner, "_schedule", lambda r, **kw: made.append(r) or schedule(r, **kw))
     assert planner.scheduled(ref._rewrite) == planner.scheduled(copy._rewrite)
     assert len(made) == 1

@@ -67,7 +67,7 @@ from onnx_remat.remat.solve import (
     predict,
     solve,
 )
-from onnx_remat.scheduling.schedule import ScheduleResult
+from onnx_remat.scheduling.schedule import ScheduleResult, check_scheduled
 from onnx_remat.units import format_bytes
 
 MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
@@ -750,10 +750,14 @@ class BudgetPlanner:
         bp.scheduled, bp.scheduled_estimate = self.scheduled(bp._rewrite)
         return bp.written_peak <= budget
 
-    def scheduled(self, rewrite: RewriteResult | ParkedRewrite) -> tuple[ScheduleResult, MemoryEstimate]:
+    def scheduled(
+        self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
+    ) -> tuple[ScheduleResult, MemoryEstimate]:
         """The memory schedule of a plan's rewrite (as ``apply`` writes it; parked or not) and its
         exact estimate; computed once per rewrite (the floor's candidates are scheduled, and
-        ``apply`` schedules the chosen plan, often one of them)."""
+        ``apply`` schedules the chosen plan, often one of them). ``check_ahead``: where it is made
+        now, the schedule starts the written graph's validity check beside its emulation
+        (``ScheduleResult.checking``; apply takes it)."""
         if self._ahead is not None and any(r is rewrite for r in self._ahead[0]):
             rewrites, pending = self._ahead
             self._ahead = None
@@ -762,16 +766,18 @@ class BudgetPlanner:
         done = self._schedules.get(id(rewrite))
         if done is not None and done[0] is rewrite:
             return done[1], done[2]
-        sched, est = self._schedule(rewrite)
+        sched, est = self._schedule(rewrite, check_ahead=check_ahead)
         self._schedules[id(rewrite)] = (rewrite, sched, est)
         return sched, est
 
-    def _schedule(self, rewrite: RewriteResult | ParkedRewrite) -> tuple[ScheduleResult, MemoryEstimate]:
+    def _schedule(
+        self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
+    ) -> tuple[ScheduleResult, MemoryEstimate]:
         """The schedule of ``rewrite`` and its estimate; the schedule without its emulation (a
         quarter to half a GiB at 10^5 nodes, and the floor schedules up to six plans, each kept):
         what is read of it later is its model and figures."""
         model = rewrite.read().model if isinstance(rewrite, ParkedRewrite) else rewrite.model
-        ordered = self.pipeline.order(model, schedule=True)
+        ordered = self.pipeline.order(model, schedule=True, check_ahead=check_ahead)
         del model
         assert ordered.schedule is not None and ordered.emulation is not None
         estimate = estimate_emulated(self.analysis, ordered.emulation)
@@ -995,7 +1001,6 @@ def apply_budget(
     budget refused, on the planner's figures for the unscheduled rewrite: scheduling only lowers
     the peak of a plan that already fits (``ApplyResult.estimate_after`` is the graph written).
     """
-    from onnx_remat.ortsim.registry import check_runtime_support
 
     planner = BudgetPlanner(
         analysis, profile=profile, dropout=dropout, schedule=schedule, grad_accumulation=grad_accumulation
@@ -1016,18 +1021,24 @@ def apply_budget(
         model = rewrite.model
     else:
         assert chosen.plan is not None and chosen._rewrite is not None
-        read = chosen.rewrite
-        assert read is not None
-        plan, rewrite = chosen.plan, read
-        model = rewrite.model
+        plan = chosen.plan
         if schedule:
             if chosen.scheduled is not None:  # a reference plan the planner scheduled already
                 candidate, est = chosen.scheduled, chosen.scheduled_estimate
             else:
-                candidate, est = planner.scheduled(chosen._rewrite)  # (parked or not: as the planner keeps it)
+                # (parked or not: as the planner keeps it)
+                candidate, est = planner.scheduled(chosen._rewrite, check_ahead=True)
             if est.planned_peak_bytes <= chosen.peak:
-                scheduled, model, after = candidate, candidate.model, est
+                scheduled, after = candidate, est
+            elif candidate.checking is not None:  # (not written: its check is not wanted)
+                candidate.checking.cancel()
+                candidate.checking = None
             del candidate
+        # read after the schedule, which reads a parked model itself: one copy of it at a time
+        read = chosen.rewrite
+        assert read is not None
+        rewrite = read
+        model = scheduled.model if scheduled is not None else rewrite.model
     # The planner is done with (its figures are taken): at 10^5 nodes its caches (the original's
     # emulation, the solver's tables) held a GiB under the output's validity check below (the
     # schedules it made are kept without their emulations: BudgetPlanner._schedule). The plans'
@@ -1035,7 +1046,8 @@ def apply_budget(
     costs_source, baseline = planner.costs.source, planner.baseline
     del planner
     if rewritten:
-        check_runtime_support(model, "rewritten model")
+        # the check the schedule started beside its emulation, where it made the graph written
+        check_scheduled(scheduled, model, "rewritten model")
     peak = int(after.planned_peak_bytes)  # type: ignore[attr-defined]
     result.written_peak = peak
     sched_note = (

@@ -126,8 +126,9 @@ class RewritePipeline:
             self._original.cancel()
             self._original = None
 
-    def order(self, model, *, schedule: bool | None = None) -> OrderedGraph:
-        """The order stage on ``model`` (a rewrite of the analysed graph)."""
+    def order(self, model, *, schedule: bool | None = None, check_ahead: bool | None = None) -> OrderedGraph:
+        """The order stage on ``model`` (a rewrite of the analysed graph); ``schedule`` and
+        ``check_ahead`` override the pipeline's for this call."""
         original = self.original
         return order_rewrite(
             model,
@@ -137,7 +138,7 @@ class RewritePipeline:
             grad_accumulation=self.grad_accumulation,
             emulation=self.estimate,
             original_sizes=original.sizes if original is not None else None,
-            check_ahead=self.check_ahead,
+            check_ahead=self.check_ahead if check_ahead is None else check_ahead,
         )
 
     def run(self, plan: RecomputePlan) -> Rewritten:
