@@ -118,29 +118,25 @@ class ParkedRewrite:
     was measured not to come back (GPT-2 small, ``--budget min``: 312 to 378 MiB). The copies of
     a :class:`BudgetPlan` share one ParkedRewrite (the planner's schedules are kept by it)."""
 
-    def __init__(self, rewrite: RewriteResult) -> None:
-        self._bytes = rewrite.model.SerializeToString()
-        # the rewrite's other fields, with a placeholder model that is never read
-        self._skeleton = dataclasses.replace(rewrite, model=onnx.ModelProto())
+    def __init__(self, skeleton: RewriteResult, data: bytes) -> None:
+        self.skeleton = skeleton  # the rewrite's other fields, with a placeholder model never read
+        self.data = data  # the model's wire bytes
+
+    @classmethod
+    def of(cls, rewrite: RewriteResult) -> ParkedRewrite:
+        """``rewrite`` parked: its model serialized."""
+        return cls(dataclasses.replace(rewrite, model=onnx.ModelProto()), rewrite.model.SerializeToString())
 
     @property
     def clone_count(self) -> int:
-        return self._skeleton.clone_count
+        return self.skeleton.clone_count
 
     def read(self) -> RewriteResult:
         """The rewrite, its model parsed from the bytes (a new one at each call: what reads it
         holds it only as long as it needs it; 0.1 s at 10^5 nodes)."""
         model = onnx.ModelProto()
-        model.ParseFromString(self._bytes)
-        return dataclasses.replace(self._skeleton, model=model)
-
-    def with_segments(self, segments: list) -> ParkedRewrite:
-        """The same parked rewrite with other segments (what a forked child sends back names its
-        plan's segments by index: :func:`portable`)."""
-        made = ParkedRewrite.__new__(ParkedRewrite)
-        made._bytes = self._bytes
-        made._skeleton = dataclasses.replace(self._skeleton, segments=segments)
-        return made
+        model.ParseFromString(self.data)
+        return dataclasses.replace(self.skeleton, model=model)
 
 
 @dataclass
@@ -233,8 +229,7 @@ def restored(bp: BudgetPlan, plan: RecomputePlan) -> BudgetPlan:
 def _with_segments(rewrite: RewriteResult | ParkedRewrite, segment: Callable) -> RewriteResult | ParkedRewrite:
     """``rewrite`` with each rewritten segment's ``segment`` replaced by ``segment(rs)``."""
     if isinstance(rewrite, ParkedRewrite):
-        segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in rewrite._skeleton.segments]
-        return rewrite.with_segments(segments)
+        return ParkedRewrite(_with_segments(rewrite.skeleton, segment), rewrite.data)  # type: ignore[arg-type]
     segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in rewrite.segments]
     return dataclasses.replace(rewrite, segments=segments)
 
@@ -611,7 +606,7 @@ class BudgetPlanner:
         bp.observed = self._observe(parts, rewrite, plan, owners)
         if worth_running_beside(len(rewrite.model.graph.node)):
             del parts, emu, done
-            bp._rewrite = ParkedRewrite(rewrite)
+            bp._rewrite = ParkedRewrite.of(rewrite)
         return bp
 
     def _observe(self, parts, rewrite: RewriteResult, plan: RecomputePlan, owners: dict | None) -> dict[str, int]:

@@ -301,13 +301,16 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added)
     ends = set(leaf_orders.leaves)
 
+    def known(plans: list[Prediction], predicted: list[int]) -> MemoryPlan | None:
+        return next((p for o, p in plans if o == predicted), None)
+
     def predict(some: Sequence[str], plans: list[Prediction]) -> list[PolicyPrediction]:
         out: list[PolicyPrediction] = []
         for policy in some:
             target = scheduler.order(policy)
             rank = {i: k for k, i in enumerate(target) if i in ends}
             predicted = leaf_orders.order(rank)
-            plan = next((p for o, p in plans if o == predicted), None)
+            plan = known(plans, predicted)
             if plan is None:
                 plan = plan_memory(g.rg, predicted)
                 plans.append((predicted, plan))
@@ -320,7 +323,7 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
         plans: list[Prediction] = [(g.order, g.plan)]
         out = predict(policies[:-1], plans)
         for policy, rank, predicted, plan in rest.result():
-            same = next((p for o, p in plans if o == predicted), None)
+            same = known(plans, predicted)
             if same is None:
                 plans.append((predicted, plan))
             out.append((policy, rank, predicted, plan if same is None else same))
