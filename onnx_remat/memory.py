@@ -251,7 +251,12 @@ def estimate_original(
 ) -> MemoryEstimate:
     """The estimate of the analysed graph itself (see :func:`estimate_graph` for the arguments)."""
     check_dims(analysis)
-    emu = emulate(analysis.model, analysis.sizes, optimizations=runtime_optimizations, execution_order=execution_order)
+    if runtime_optimizations and execution_order is None:
+        emu = analysis.take_emulation()
+    else:
+        emu = emulate(
+            analysis.model, analysis.sizes, optimizations=runtime_optimizations, execution_order=execution_order
+        )
     return estimate_emulated(analysis, emu)
 
 

@@ -18,6 +18,11 @@ the corpus or the fuzzer (benchmarks/fuzz.py), and a helper that makes their art
   apply of GPT-NeoX).
 * :class:`DropResidualNet`: ``Dropout(x) + Dropout(Linear(x))``: random ops in both branches of a
   residual.
+* :class:`ConvBranchNet`: ``c + Conv(Dropout(c))`` with ``c`` a biased convolution (fuzz model
+  5129). ``c``'s convolution has two readers in the original; its clone, recomputed for an
+  ``Add`` without the Dropout (whose output is stored), had one, and onnxruntime fused it with
+  the ``Add`` into a ``FusedConv``, which rounds differently: a weight gradient came out 3.7e-9
+  off.
 """
 
 from __future__ import annotations
@@ -176,6 +181,30 @@ class DropResidualNet(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x)
+
+
+class ConvBranch(nn.Module):
+    def __init__(self, width: int, p: float = 0.1) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(width, width, 1)
+        self.drop = nn.Dropout(p)
+        self.conv = nn.Conv2d(width, width, 3, padding=1, bias=False)
+
+    def forward(self, x):
+        c = self.proj(x)
+        return x + (c + self.conv(self.drop(c)))
+
+
+class ConvBranchNet(nn.Module):
+    def __init__(self, width: int = 8, blocks: int = 2) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(ConvBranch(width) for _ in range(blocks))
+        self.mix = nn.ModuleList(nn.Conv2d(width, width, 3, padding=1) for _ in range(blocks))
+
+    def forward(self, x):
+        for b, m in zip(self.blocks, self.mix):
+            x = m(b(x))
+        return x
 
 
 def make_artifacts(

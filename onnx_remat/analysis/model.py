@@ -12,9 +12,11 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
+import onnx_graphsurgeon as gs
 
 from onnx_remat.analysis.regions import TrainingGraph, analyze
 from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
@@ -23,6 +25,9 @@ from onnx_remat.errors import ForwardOnlyGraph
 from onnx_remat.graph.bridge import ModelGraph
 from onnx_remat.model_io import LoadedModel, check_dim_names, check_loadable, forward_only_hint, load_model
 from onnx_remat.ortsim.registry import check_text
+
+if TYPE_CHECKING:
+    from onnx_remat.ortsim.emulation import Emulation
 
 ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
 
@@ -41,6 +46,49 @@ class ModelAnalysis:
     graph: TrainingGraph
     scopes: ScopeTree
     sizes: TensorSizes
+    _emulation: Emulation | None = field(default=None, repr=False, compare=False)
+    _moved: set[str] | None = field(default=None, repr=False, compare=False)
+
+    def emulation(self) -> Emulation:
+        """The input graph as onnxruntime would run it (:func:`~onnx_remat.ortsim.emulation.emulate`),
+        made at the first call and kept for the stages after it, until :meth:`take_emulation`."""
+        if self._emulation is None:
+            self._emulation = self._emulate()
+        return self._emulation
+
+    def take_emulation(self) -> Emulation:
+        """:meth:`emulation`, no longer kept here: for the stage that reads it last, so that its
+        memory goes with that stage's use of it."""
+        emulation = self.emulation()
+        self._emulation = None
+        return emulation
+
+    def moved_transposes(self, transposes: list[gs.Node]) -> set[str]:
+        """The names of those of ``transposes`` (Transposes of :attr:`graph`) that onnxruntime's
+        TransposeOptimizer moves or removes in the input graph. Read off :meth:`emulation` when it
+        was made; otherwise the graph is emulated for it (not kept) when there are any to ask about."""
+        if not transposes:
+            return set()
+        if self._moved is None:
+            self._emulate()
+        assert self._moved is not None
+        return {t.name for t in transposes if t.name in self._moved}
+
+    def _emulate(self) -> Emulation:
+        from onnx_remat.ortsim.emulation import emulate
+
+        emulation = emulate(self.model, self.sizes)
+        if self._moved is None:
+            self._moved = {
+                n.name
+                for n in self.graph.order
+                if n.op == "Transpose"
+                and not n.domain
+                and not emulation.runs_as_written(
+                    n.name, [i.name for i in n.inputs], [c.name for o in n.outputs for c in o.outputs]
+                )
+            }
+        return emulation
 
     @property
     def name(self) -> str:

@@ -101,7 +101,7 @@ def scope_report(analysis: ModelAnalysis, *, max_depth: int | None = None, dropo
             repeated[id(s)] = f"{i + 1} of {len(group)} x {kind}"
         groups.append({"scopes": [s.path for s in group], "class": group[0].class_name, "count": len(group)})
 
-    planner = Planner(tg, tree, sizes, dropout=dropout)
+    planner = Planner(tg, tree, sizes, dropout=dropout, moved_transposes=analysis.moved_transposes)
     rows: list[ScopeRow] = []
     stack: list[tuple[Scope, int]] = [(c, 0) for c in reversed(tree.root.children)]
     while stack:

@@ -52,6 +52,7 @@ class Emulation:
     matched_order_nodes: int | None = None  # with an order given by name: nodes matched
     _plan: MemoryPlan | None = field(default=None, repr=False)
     _names: list[str] | None = field(default=None, repr=False)
+    _by_name: dict[str, int] | None = field(default=None, repr=False)
 
     @property
     def plan(self) -> MemoryPlan:
@@ -110,6 +111,19 @@ class Emulation:
             tensors.setdefault(t, p)
         self._plan = dataclasses.replace(plan, order=list(self.order), tensors=tensors)
         return True
+
+    def runs_as_written(self, name: str, inputs: Sequence[str], readers: Sequence[str]) -> bool:
+        """Whether the model's node ``name`` runs as written: a node of that name reading ``inputs``
+        whose outputs the nodes named ``readers`` (and no others) read. False for a node
+        onnxruntime's rewrites removed, fused or moved (a Transpose pushed past its readers)."""
+        if self._by_name is None:
+            self._by_name = {n.name: n.index for n in self.rg.live() if n.name}
+        index = self._by_name.get(name)
+        node = self.rg.nodes[index] if index is not None else None
+        if node is None or node.origin != (name,) or list(node.inputs) != list(inputs):
+            return False
+        read_by = sorted(o for t in node.outputs if t for i in self.rg.consumer_nodes(t) for o in self.rg.at(i).origin)
+        return read_by == sorted(readers)
 
     def random_order(self) -> list[str]:
         """Names of the model's random ops that draw from the global generator, in the order they run."""

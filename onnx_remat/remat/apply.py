@@ -71,7 +71,10 @@ def plan(
         nodes=list(nodes) if isinstance(nodes, (list, tuple)) else as_list(nodes),
         recompute_outputs=recompute_outputs,
     )
-    return Planner(analysis.graph, analysis.scopes, analysis.sizes, dropout=dropout).plan(selection)
+    planner = Planner(
+        analysis.graph, analysis.scopes, analysis.sizes, dropout=dropout, moved_transposes=analysis.moved_transposes
+    )
+    return planner.plan(selection)
 
 
 def apply(

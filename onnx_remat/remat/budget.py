@@ -49,7 +49,6 @@ from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
-from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.pipeline import RewritePipeline
@@ -392,7 +391,7 @@ class BudgetPlanner:
             else beside(lambda: node_costs(analysis, profile), len(analysis.model.graph.node))
         )
         with pending:
-            original = emulate(analysis.model, analysis.sizes)
+            original = analysis.take_emulation()
             self.baseline = estimate_emulated(analysis, original)
             self.costs = pending.result()
         self.baseline_parts = (self.baseline, original.plan, original.rg)

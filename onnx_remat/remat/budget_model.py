@@ -373,7 +373,9 @@ class _Builder:
         self.mplan = plan
         self.rg = rg
         kwargs = {"dropout": dropout} if dropout is not None else {}
-        self.planner = Planner(analysis.graph, analysis.scopes, analysis.sizes, **kwargs)
+        self.planner = Planner(
+            analysis.graph, analysis.scopes, analysis.sizes, moved_transposes=analysis.moved_transposes, **kwargs
+        )
         self.notes: list[str] = []
         self.stashed = {t.name for t in self.tg.stashed}
 

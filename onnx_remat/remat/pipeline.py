@@ -34,7 +34,7 @@ from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked
 from onnx_remat.graph import tags
 from onnx_remat.memory import MemoryEstimate, estimate_emulated
-from onnx_remat.ortsim.emulation import Emulation, emulate
+from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.plan import RecomputePlan, SkippedSegment, nothing_to_recompute
 from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult
 from onnx_remat.scheduling.schedule import OrderedGraph, order_rewrite
@@ -75,7 +75,7 @@ def emulate_original(analysis: ModelAnalysis, *, estimate: bool) -> OriginalGrap
     """Emulate the analysed input graph once and keep what the stages need of it (with
     ``estimate``, its estimate too). A function of the analysis alone: :func:`onnx_remat.apply`
     runs it in a forked child beside the plan and the rewrite (:func:`onnx_remat.forked.beside`)."""
-    return OriginalGraph.of(emulate(analysis.model, analysis.sizes), analysis if estimate else None)
+    return OriginalGraph.of(analysis.take_emulation(), analysis if estimate else None)
 
 
 class RewritePipeline:

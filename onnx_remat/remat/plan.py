@@ -40,6 +40,7 @@ bytes of boundary tensors it must keep alive longer) is skipped and reported.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,7 @@ from onnx_remat.analysis.scopes import ScopeTree
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.ortsim.kernels import written_inputs
+from onnx_remat.ortsim.rewrites.transpose import PUSHED_THROUGH
 from onnx_remat.remat.mask_packing import can_pack, default_opset, packed_nbytes
 from onnx_remat.remat.random_ops import (
     DEFAULT_DROPOUT,
@@ -212,8 +214,19 @@ class CloneLimitExceeded(RematError):
 class Planner:
     """Builds a :class:`RecomputePlan`; see the module docstring for the semantics."""
 
-    def __init__(self, tg: TrainingGraph, tree: ScopeTree, sizes: TensorSizes, dropout: str = DEFAULT_DROPOUT):
+    def __init__(
+        self,
+        tg: TrainingGraph,
+        tree: ScopeTree,
+        sizes: TensorSizes,
+        dropout: str = DEFAULT_DROPOUT,
+        moved_transposes: Callable[[list[gs.Node]], set[str]] | None = None,
+    ):
+        """``moved_transposes``: given forward Transposes, the names of those onnxruntime moves in
+        this graph (:meth:`~onnx_remat.analysis.model.ModelAnalysis.moved_transposes`); without it
+        every Transpose that could be moved is taken as moved (fewer nodes recomputed)."""
         self.tg = tg
+        self._moved_transposes = moved_transposes
         self.tree = tree
         self.sizes = sizes
         self.dropout = check_dropout_mode(dropout)
@@ -221,6 +234,7 @@ class Planner:
         self._keep_bytes: set[int] = set()  # Dropouts whose masks stay bytes in packed mode
         self._clone_limit: int | None = None  # of the plan() call under way
         self._stashed = {t.name for t in tg.stashed}
+        self._transposed: set[int] | None = None  # of _transposed_region(), made at first use
         self._index: tuple[list[gs.Node], dict[str, list[gs.Node]], dict[str, gs.Node]] | None = None
         self._graph_outputs = {t.name for t in tg.graph.outputs}
         # Tensors some node overwrites in place, and by which node: a clone reading one would
@@ -259,13 +273,70 @@ class Planner:
         Transposes it had cancelled stay and raise the peak. So a stored Transpose output, or a
         stored tensor a Transpose reads, is recomputed only when that Transpose feeds nothing but
         matrix products (into which it is fused whatever the readers), scalar scales or Transposes.
+        Nor is a node a Transpose may be pushed into (:meth:`_transposed_region`), or one reading
+        a stored tensor made there: the segment's barrier would read a tensor of the region, and
+        no Transpose is pushed through a barrier (fuzz model 5169: a Transpose onnxruntime had
+        pushed through a GELU's element-wise ops stayed before it, and a weight gradient came out
+        3.7e-9 off).
         """
+        region = self._transposed_region()
+        if id(node) in region:
+            return False
+        for t in node.inputs:
+            # the segment's barrier would read it: a reader no Transpose is pushed through
+            p = producer(t) if t.name in self._stashed else None
+            if p is not None and id(p) in region:
+                return False
         stored = [t for t in node.outputs if t.name in self._stashed]
         if not stored:
             return True
         transposes = [node] if node.op == "Transpose" else []
         transposes += [c for t in stored for c in t.outputs if c.op == "Transpose" and self.tg.is_forward(c)]
         return all(self._fused_transpose(tr) for tr in transposes)
+
+    def _transposed_region(self) -> set[int]:
+        """The forward nodes onnxruntime's TransposeOptimizer pushes a Transpose into: each forward
+        Transpose that is not fused into matrix products, that it moves in this graph (asked of
+        ``moved_transposes``) and that reads into an op it pushes through (:data:`PUSHED_THROUGH`),
+        and the forward nodes of those ops reachable from it. One pass over the forward nodes.
+        (In the exported transformers of the corpus it moves none: there is no region.)"""
+        if self._transposed is not None:
+            return self._transposed
+        region: set[int] = set()
+        tg = self.tg
+        seeds = [
+            n
+            for n in tg.order
+            if n.op == "Transpose" and not n.domain and tg.is_forward(n) and not self._fused_transpose(n)
+        ]
+        if self._moved_transposes is not None and seeds:
+            moved = self._moved_transposes(seeds)
+            seeds = [n for n in seeds if n.name in moved]
+
+        def pushed_into(n: gs.Node) -> list[gs.Node]:
+            return [
+                c
+                for t in n.outputs
+                for c in t.outputs
+                if not c.domain and c.op in PUSHED_THROUGH and tg.is_forward(c) and id(c) not in region
+            ]
+
+        for seed in seeds:
+            if id(seed) in region:
+                continue
+            stack = pushed_into(seed)
+            if not stack:
+                continue
+            region.add(id(seed))
+            while stack:
+                n = stack.pop()
+                if id(n) in region:
+                    continue
+                region.add(id(n))
+                if n.op != "Transpose":  # a Transpose cancels or merges with what reaches it
+                    stack.extend(pushed_into(n))
+        self._transposed = region
+        return region
 
     def _fused_transpose(self, node: gs.Node) -> bool:
         """A forward Transpose whose forward readers are matrix products, scalar scales or Transposes."""

@@ -188,7 +188,7 @@ class RecomputeRewrite:
         result.segments = [dataclasses.replace(r, segment=caller[id(r.segment)]) for r in result.segments]
         # What this pass kept of the copy goes too, and the copy's cycles are broken so that it is
         # freed now rather than scanned by the cyclic collector.
-        for kept in (self._constants, self._anchored, self._anchors, self._packs_nodes, self._packs):
+        for kept in (self._constants, self._anchored, self._anchors, self._packs_nodes, self._packs, self._copied):
             kept.clear()
         work.mg.release()
         return result
@@ -217,6 +217,11 @@ class RecomputeRewrite:
 
         producers = {id(producer(t)): producer(t) for seg in plan.segments for t in seg.targets}
         edges_before = {pid: _output_edges(p) for pid, p in producers.items()}
+        for seg in plan.segments:
+            for node in seg.recompute:
+                if id(node) not in edges_before:
+                    edges_before[id(node)] = _output_edges(node)
+        self._copied: list[tuple[gs.Node, gs.Node]] = []  # (original, clone) for clones of the same op
 
         self._constants: dict[str, gs.Constant] = {}
         self._mask_shapes = plan.mask_shapes
@@ -251,6 +256,7 @@ class RecomputeRewrite:
             forward = [n for n in tg.order if id(n) in self._seeded]
             _drop_unread_masks(forward + [n for n in all_added if n.op == "Dropout"], tg.graph)
         fences = self._fence(tg, producers, edges_before, before)
+        fences += self._fence_clones(tg, edges_before, after)
         graph.nodes = _emit(tg.order, before, moved, after)
 
         plan_json = json.dumps([s.summary() for s in done], sort_keys=True)
@@ -440,23 +446,59 @@ class RecomputeRewrite:
             reader = tensor.outputs[0]
             if tensor.name in graph_outputs or _harmless_fusion(node, reader):
                 continue
-            fenced = gs.Variable(tags.fence_tensor_name(tensor.name), dtype=tensor.dtype, shape=tensor.shape)
-            fence = gs.Node(
-                op="PassThrough", name=tags.fence_name(tensor.name), domain=MS_DOMAIN, inputs=[tensor], outputs=[fenced]
-            )
-            tg.mg.set_extras(
-                fence,
-                f"onnx-remat fence: passes {tensor.name} through (zero copy) so that onnxruntime does not fuse "
-                f"{node.name or node.op} into {reader.name or reader.op} now that the backward pass reads a "
-                "recomputed copy",
-                {tags.ROLE_KEY: tags.ROLE_FENCE},
-            )
-            for i, t in enumerate(reader.inputs):
-                if t is tensor:
-                    reader.inputs[i] = fenced
+            fence = self._fence_edge(tg, node, tensor, reader, "now that the backward pass reads a recomputed copy")
             before.setdefault(id(reader), []).append(fence)
             fences.append(fence.name)
         return fences
+
+    def _fence_clones(
+        self, tg: TrainingGraph, edges_before: dict[int, int], after: dict[int, list[gs.Node]]
+    ) -> list[str]:
+        """Keep onnxruntime from fusing a clone that its original could not be fused as.
+
+        A clone has the readers its original had among the clones and the backward readers moved
+        to it, not the original's other forward readers: a node with two readers in the original
+        (a biased ``Conv`` read by a ``Dropout`` and an ``Add``) can have one as a clone, and
+        onnxruntime then fuses it into that reader (``FusedConv`` adding the ``Add``'s other input
+        into the convolution's sum). The fused kernel rounds differently, so the recomputed tensor,
+        and the gradients read from it, would differ from the original's in the last bit (measured:
+        a 3x3 convolution's weight gradient off by 3.7e-9). Such a clone's one edge, when it leads
+        to another clone, goes through a ``PassThrough`` (zero copy) placed right after it, as
+        :meth:`_fence` does for originals.
+        """
+        fences: list[str] = []
+        if not self.fence:
+            return fences
+        clones = {id(clone) for _, clone in self._copied}
+        for node, clone in self._copied:
+            if edges_before.get(id(node), 0) < 2 or _output_edges(clone) != 1:
+                continue
+            tensor = next(t for t in clone.outputs if t.outputs)
+            reader = tensor.outputs[0]
+            if id(reader) not in clones or _harmless_fusion(clone, reader):
+                continue  # (onnxruntime fuses no forward op into a gradient op)
+            fence = self._fence_edge(tg, clone, tensor, reader, f"as {node.name or node.op} was not in the original")
+            after.setdefault(id(clone), []).append(fence)
+            fences.append(fence.name)
+        return fences
+
+    def _fence_edge(self, tg: TrainingGraph, node: gs.Node, tensor: gs.Variable, reader: gs.Node, why: str) -> gs.Node:
+        """A fence node that passes ``tensor``, ``node``'s output, to ``reader`` (rewired to read
+        it); placed by the caller."""
+        fenced = gs.Variable(tags.fence_tensor_name(tensor.name), dtype=tensor.dtype, shape=tensor.shape)
+        fence = gs.Node(
+            op="PassThrough", name=tags.fence_name(tensor.name), domain=MS_DOMAIN, inputs=[tensor], outputs=[fenced]
+        )
+        tg.mg.set_extras(
+            fence,
+            f"onnx-remat fence: passes {tensor.name} through (zero copy) so that onnxruntime does not fuse "
+            f"{node.name or node.op} into {reader.name or reader.op} {why}",
+            {tags.ROLE_KEY: tags.ROLE_FENCE},
+        )
+        for i, t in enumerate(reader.inputs):
+            if t is tensor:
+                reader.inputs[i] = fenced
+        return fence
 
     def _schedule(self, tg: TrainingGraph, seg: Segment) -> _Schedule:
         """Where a segment's clones go and what they wait for.
@@ -534,6 +576,8 @@ class RecomputeRewrite:
             if made is None:
                 continue
             clone, outputs, what = made
+            if clone.op == node.op and clone.domain == node.domain:
+                self._copied.append((node, clone))
             for orig, new in zip(node.outputs, outputs):
                 if orig.name and new.name:
                     work.clone_of[orig.name] = new
@@ -689,7 +733,7 @@ class RecomputeRewrite:
                 own = {seg.barrier} | set(seg.clones) | set(seg.unpacked)
                 for name in seg.clones:
                     clone = by_name[name]
-                    feeders = [producer(t) for t in clone.inputs]
+                    feeders = [_through_fence(producer(t)) for t in clone.inputs]
                     if not any(p is not None and p.name in own for p in feeders):
                         raise RuntimeError(f"clone {name!r} is not behind its barrier")
 
@@ -768,6 +812,13 @@ def _harmless_fusion(node: gs.Node, reader: gs.Node) -> bool:
     if "Transpose" in (node.op, reader.op):
         return True  # layout: the TransposeOptimizer's business, and a fence would stop its cancelling
     return reader.op in _MATMULS and node.op in ("Transpose", "Mul", "Div")
+
+
+def _through_fence(node: gs.Node | None) -> gs.Node | None:
+    """``node``, or the node a fence passes on when ``node`` is one."""
+    if node is not None and tags.is_fence_name(node.name):
+        return producer(node.inputs[0])
+    return node
 
 
 def _output_edges(node: gs.Node) -> int:

@@ -463,7 +463,7 @@ def schedule(
     )
     with runtime_judged(analysis):
         check_dims(analysis)
-        original = emulate(analysis.model, analysis.sizes)
+        original = analysis.take_emulation()
         before = estimate_emulated(analysis, original)
         fixed, workarounds = fix_grouped_conv_grads(analysis.model)
         given = original if fixed is analysis.model else emulate(fixed, analysis.sizes)

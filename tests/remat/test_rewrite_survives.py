@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from regressions import ChannelNormNet, PostNormNet, TanhNormNet, make_artifacts
+from regressions import ChannelNormNet, ConvBranchNet, PostNormNet, TanhNormNet, make_artifacts
 
 import onnx_remat
-from onnx_remat.analysis.model import analyze_model
+from onnx_remat.analysis.model import ModelAnalysis, analyze_model
 from onnx_remat.errors import RematError
 from onnx_remat.graph import tags
 from onnx_remat.model_io import write_artifacts
@@ -48,6 +48,64 @@ def test_without_fences_onnxruntime_fuses_and_the_step_fails(postnorm, tmp_path)
     out, _ = _rewrite(postnorm, tmp_path / "nofence", {"scopes": "blocks.*"}, fence=False)
     with pytest.raises(RematError, match="LayerNormalizationGrad.*Missing Input"):
         compare(postnorm, out, steps=1, live=False)
+
+
+def test_clones_are_fused_as_their_originals_were(tmp_path, monkeypatch):
+    """Fuzz model 5129: the biased convolution before a Dropout has two readers; recomputed for
+    the residual Adds it had one, and onnxruntime fused the clone with its Add (a ``FusedConv``
+    that rounds differently). Its clone's edge is fenced, and the gradients are bit-identical;
+    without the fences they are not."""
+    torch.manual_seed(3)
+    src = make_artifacts(ConvBranchNet(), torch.randn(2, 8, 12, 12), tmp_path / "m")
+    result = onnx_remat.apply(src, op_types=["Add"])
+    clone_fences = [f for f in result.rewrite.fences if "/remat" in f]
+    assert clone_fences, result.rewrite.fences
+    assert compare(src, result.save(tmp_path / "remat"), steps=1, live=False).equal
+    monkeypatch.setattr(RecomputeRewrite, "_fence_clones", lambda self, *a: [])
+    out, raw = _rewrite(src, tmp_path / "unfenced", {"op_types": ["Add"]})
+    assert not any("/remat" in f for f in raw.fences)
+    assert not compare(src, out, steps=1, live=False).equal
+
+
+def _fuzz_artifacts(seed: int, out):
+    """The artifacts of the fuzzer's model ``seed`` (benchmarks/fuzz.py), as the fuzzer makes them."""
+    from benchmarks.fuzz import build, draw_model
+    from onnx_remat.exporters import export_for_training, trainable_parameter_names
+    from onnx_remat.runtime.artifacts import generate_training_artifacts
+
+    spec = draw_model(seed)
+    module, args, _ = build(spec)
+    model = export_for_training(module, args, exporter=spec.exporter, opset=spec.opset, input_names=["x"])
+    out.mkdir(parents=True)
+    generate_training_artifacts(
+        model, out, requires_grad=trainable_parameter_names(model, module, strict=True), loss=spec.loss
+    )
+    return out
+
+
+def test_nothing_next_to_a_transpose_onnxruntime_moves_is_recomputed(tmp_path, monkeypatch):
+    """Fuzz model 5169: onnxruntime pushes a Transpose through a GELU's element-wise ops (and the
+    gradient ops after them) until it cancels. Recomputing the GELU put the segment's barrier
+    among the readers of a tensor in that chain, where no Transpose is pushed through, and a
+    weight gradient came out 3.7e-9 off. The planner asks the emulation which Transposes
+    onnxruntime moves and recomputes nothing they are pushed into."""
+    src = _fuzz_artifacts(5169, tmp_path / "m")
+    analysis = analyze_model(src)
+    moved = analysis.moved_transposes([n for n in analysis.graph.order if n.op == "Transpose"])
+    assert moved and len(moved) < sum(n.op == "Transpose" for n in analysis.graph.order)
+    import onnx_remat.ortsim.emulation as emulation
+
+    emulated = []
+    real = emulation.emulate
+    monkeypatch.setattr(emulation, "emulate", lambda model, *a, **k: emulated.append(model) or real(model, *a, **k))
+    analysis = analyze_model(src)
+    result = onnx_remat.apply(analysis, scopes="Cell")
+    assert sum(m is analysis.model for m in emulated) == 1  # the planner's question and the peak check share it
+    assert compare(src, result.save(tmp_path / "remat"), steps=1, live=False).equal
+    monkeypatch.setattr(ModelAnalysis, "moved_transposes", lambda self, transposes: set())
+    unruled = onnx_remat.apply(src, scopes="Cell")
+    assert sum(len(s.clones) for s in unruled.rewrite.segments) > sum(len(s.clones) for s in result.rewrite.segments)
+    assert not compare(src, unruled.save(tmp_path / "unruled"), steps=1, live=False).equal
 
 
 def test_random_ops_run_in_the_original_order(corpus, tmp_path):
@@ -111,12 +169,16 @@ def test_nodes_reading_an_overwritten_tensor_are_not_recomputed(synthetic_dir):
     assert not planner.cloneable(some)
 
 
-def test_a_rewrite_that_would_raise_the_peak_is_not_written(tmp_path):
+def test_a_rewrite_that_would_raise_the_peak_is_not_written(tmp_path, monkeypatch):
     """Fuzz model 148: the rewrite keeps Transposes that onnxruntime cancels in the original graph,
-    and its peak rose. apply skips the segments whose recompute raises the estimated peak; what it
-    writes, if anything, does not raise the measured one."""
+    and its peak rose. The planner now recomputes nothing next to a Transpose onnxruntime moves
+    (fuzz model 5169); with that rule off, apply skips the segments whose recompute raises the
+    estimated peak, and what it writes, if anything, does not raise the measured one."""
     torch.manual_seed(2)
     src = make_artifacts(TanhNormNet(), torch.randn(8, 64, 96), tmp_path / "m", exporter="dynamo", opset=18)
+    with pytest.raises(RematError, match="nothing to recompute.*next to a Transpose"):
+        onnx_remat.apply(src, scopes="blocks.*")
+    monkeypatch.setattr(ModelAnalysis, "moved_transposes", lambda self, transposes: set())
     try:
         result = onnx_remat.apply(src, scopes="blocks.*")
     except RematError as exc:

@@ -149,6 +149,10 @@ _TP_KIND.update({"Shape": "inert_no_output", "Reshape": "inert_no_output"})
 _TP_NO_OUTPUT_TRANSPOSE = frozenset({"transpose", "inert_no_output"})
 _TP_INERT = frozenset({"inert", "inert_no_output"})
 
+PUSHED_THROUGH: frozenset[str] = frozenset(op for op, kind in _TP_KIND.items() if kind not in _TP_INERT)
+"""The ONNX-domain ops onnxruntime's TransposeOptimizer pushes a Transpose through (a Transpose
+among them: the two cancel or merge); contrib ops stop it."""
+
 
 def _invert_perm(perm: list[int]) -> list[int]:
     inv = [0] * len(perm)
