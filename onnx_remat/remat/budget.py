@@ -38,9 +38,11 @@ peak (:class:`~onnx_remat.errors.RematError`).
 from __future__ import annotations
 
 import dataclasses
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import onnx
 
@@ -112,19 +114,26 @@ class ParkedRewrite:
     The budget planner keeps every plan it checks, and reads few of them again (the chosen one,
     those it schedules). protobuf's Python objects take four to five times a model's wire size: a
     10^5-node rewrite is a quarter of a GiB as objects, 60 MB as bytes, and ``--budget min`` at
-    10^5 nodes checks a dozen plans. Parked on large graphs only
+    10^5 nodes checks a dozen plans. The bytes go to an unnamed temporary file
+    (:class:`SpilledBytes`), not the command's memory. Parked on large graphs only
     (:func:`~onnx_remat.forked.worth_running_beside`): on small ones the freed objects' memory
     was measured not to come back (GPT-2 small, ``--budget min``: 312 to 378 MiB). The copies of
-    a :class:`BudgetPlan` share one ParkedRewrite (the planner's schedules are kept by it)."""
+    a :class:`BudgetPlan` share one ParkedRewrite (the planner's schedules are kept by it). Pickled
+    (from a forked child) with its bytes."""
 
-    def __init__(self, skeleton: RewriteResult, data: bytes) -> None:
+    def __init__(self, skeleton: RewriteResult, data: bytes | SpilledBytes) -> None:
         self.skeleton = skeleton  # the rewrite's other fields, with a placeholder model never read
-        self.data = data  # the model's wire bytes
+        self.spilled = data if isinstance(data, SpilledBytes) else SpilledBytes(data)
 
     @classmethod
     def of(cls, rewrite: RewriteResult) -> ParkedRewrite:
         """``rewrite`` parked: its model serialized."""
         return cls(dataclasses.replace(rewrite, model=onnx.ModelProto()), rewrite.model.SerializeToString())
+
+    @property
+    def data(self) -> bytes:
+        """The model's wire bytes (read back at each call)."""
+        return self.spilled.read()
 
     @property
     def clone_count(self) -> int:
@@ -136,6 +145,46 @@ class ParkedRewrite:
         model = onnx.ModelProto()
         model.ParseFromString(self.data)
         return dataclasses.replace(self.skeleton, model=model)
+
+    def __getstate__(self) -> tuple[RewriteResult, bytes]:
+        return self.skeleton, self.data
+
+    def __setstate__(self, state: tuple[RewriteResult, bytes]) -> None:
+        self.skeleton, data = state
+        self.spilled = SpilledBytes(data)
+
+
+class SpilledBytes:
+    """Bytes kept in an unnamed temporary file rather than in memory (in memory where the file
+    cannot be written). The file has no name and goes when this object does, or with the
+    process; forked children read it with ``pread``, which moves no shared offset. Where the
+    temporary directory is a RAM disk (tmpfs) the bytes are still in RAM, only not in the
+    command's resident set."""
+
+    def __init__(self, data: bytes) -> None:
+        self.size = len(data)
+        self._kept: bytes | None = None
+        try:
+            self._file: IO[bytes] | None = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as this object)
+            self._file.write(data)
+            self._file.flush()
+        except OSError:  # no room or no temporary directory: kept in memory, as before
+            self._file = None
+            self._kept = data
+
+    def read(self) -> bytes:
+        """The bytes."""
+        if self._file is None:
+            assert self._kept is not None
+            return self._kept
+        fd, parts, done = self._file.fileno(), [], 0
+        while done < self.size:
+            part = os.pread(fd, self.size - done, done)
+            if not part:
+                raise OSError(f"temporary file truncated at {done} of {self.size} bytes")
+            parts.append(part)
+            done += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 @dataclass
@@ -228,7 +277,7 @@ def restored(bp: BudgetPlan, plan: RecomputePlan) -> BudgetPlan:
 def _with_segments(rewrite: RewriteResult | ParkedRewrite, segment: Callable) -> RewriteResult | ParkedRewrite:
     """``rewrite`` with each rewritten segment's ``segment`` replaced by ``segment(rs)``."""
     if isinstance(rewrite, ParkedRewrite):
-        return ParkedRewrite(_with_segments(rewrite.skeleton, segment), rewrite.data)  # type: ignore[arg-type]
+        return ParkedRewrite(_with_segments(rewrite.skeleton, segment), rewrite.spilled)  # type: ignore[arg-type]
     segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in rewrite.segments]
     return dataclasses.replace(rewrite, segments=segments)
 
@@ -744,6 +793,20 @@ class BudgetPlanner:
         bp.scheduled, bp.scheduled_estimate = self.scheduled(bp._rewrite)
         return bp.written_peak <= budget
 
+    def release_planning(self, keep: RewriteResult | ParkedRewrite | None = None) -> None:
+        """Let go of what only planning reads (the original's emulated plan and graph, the budget
+        model, the plans realized and the schedules made, but ``keep``'s): after :meth:`plan`,
+        before the chosen rewrite is scheduled (:meth:`scheduled` still works). At 10^5 nodes they
+        held a quarter of a GiB under the final schedule, the command's peak."""
+        self.baseline_parts = (self.baseline, None, None)  # type: ignore[assignment]
+        self.model = None  # type: ignore[assignment]
+        self._base_step = {}
+        self._realized = {}
+        self._references = None
+        self._floor = None
+        self._rotors = RotorStore()
+        self._schedules = {k: v for k, v in self._schedules.items() if keep is not None and v[0] is keep}
+
     def scheduled(
         self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
     ) -> tuple[ScheduleResult, MemoryEstimate]:
@@ -1009,6 +1072,8 @@ def apply_budget(
     scheduled = None
     after = chosen.estimate
     rewritten = chosen._rewrite is not None and chosen.plan is not None
+    costs_source, baseline = planner.costs.source, planner.baseline
+    planner.release_planning(keep=chosen._rewrite)
     if not rewritten:
         plan = RecomputePlan(segments=[], notes=list(result.notes))
         rewrite = RewriteResult(model=analysis.model, segments=[])
@@ -1037,7 +1102,6 @@ def apply_budget(
     # emulation, the solver's tables) held a GiB under the output's validity check below (the
     # schedules it made are kept without their emulations: BudgetPlanner._schedule). The plans'
     # figures and models stay in the result.
-    costs_source, baseline = planner.costs.source, planner.baseline
     del planner
     if rewritten:
         # the check the schedule started beside its emulation, where it made the graph written

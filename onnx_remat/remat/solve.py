@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 INF = float("inf")
+RECENT_TABLES = 2048  # rotor tables a solve keeps unpacked (:class:`PackedTable`): 50 MiB at 3,850 layers
 
 
 @dataclass
@@ -136,10 +137,10 @@ class RotorStore:
 
     def __init__(self) -> None:
         self.shape: tuple[int, int] | None = None  # (quantum, table length) the entries are for
-        self.entries: dict[tuple, tuple[np.ndarray, np.ndarray, int]] = {}  # key -> (cost, split, id)
+        self.entries: dict[tuple, PackedTable] = {}  # key -> the table, packed
         self.ids = itertools.count()  # an entry's id names it in the keys of the entries combining it
 
-    def for_shape(self, quantum: int, K: int) -> dict[tuple, tuple[np.ndarray, np.ndarray, int]]:
+    def for_shape(self, quantum: int, K: int) -> dict[tuple, PackedTable]:
         """The entries for tables of ``K + 1`` levels of ``quantum`` bytes (none for another shape)."""
         if self.shape != (quantum, K):
             self.shape, self.entries = (quantum, K), {}
@@ -148,6 +149,48 @@ class RotorStore:
     def keep(self, used: set[tuple]) -> None:
         """Forget the entries the latest solve did not use."""
         self.entries = {k: v for k, v in self.entries.items() if k in used}
+
+
+class PackedTable:
+    """A rotor table entry as a solve and :class:`RotorStore` keep it: only the levels between the
+    infeasible ones it starts with (cost INF, split -1) and the run of equal levels it ends with,
+    which hold nearly all of a table's length. :meth:`unpack` gives the same arrays back."""
+
+    __slots__ = ("id", "lo", "size", "split", "tail", "val")
+
+    def __init__(self, size: int, lo: int, val: np.ndarray, split: np.ndarray, tail: tuple[float, int], id: int):
+        self.size, self.lo, self.val, self.split, self.tail, self.id = size, lo, val, split, tail, id
+
+    @classmethod
+    def pack(cls, val: np.ndarray, split: np.ndarray, id: int) -> PackedTable:
+        """``val`` and ``split`` (one rotor table) packed, with the entry's ``id``."""
+        size = len(val)
+        finite = np.flatnonzero(val < INF)
+        lo = int(finite[0]) if len(finite) else size
+        if lo and (split[:lo] != -1).any():
+            lo = 0
+        changes = np.flatnonzero((val != val[-1]) | (split != split[-1])) if size else finite
+        hi = max(int(changes[-1]) + 1 if len(changes) else 0, lo)
+        tail = (float(val[-1]), int(split[-1])) if size else (INF, -1)
+        return cls(size, lo, val[lo:hi].copy(), split[lo:hi].copy(), tail, id)
+
+    def unpack_val(self) -> np.ndarray:
+        """The table's costs, as they were packed."""
+        val = np.empty(self.size)
+        hi = self.lo + len(self.val)
+        val[: self.lo] = INF
+        val[self.lo : hi] = self.val
+        val[hi:] = self.tail[0]
+        return val
+
+    def unpack_split(self) -> np.ndarray:
+        """The table's splits, as they were packed."""
+        split = np.empty(self.size, dtype=np.int32)
+        hi = self.lo + len(self.split)
+        split[: self.lo] = -1
+        split[self.lo : hi] = self.split
+        split[hi:] = self.tail[1]
+        return split
 
 
 class _Tables:
@@ -173,21 +216,34 @@ class _Tables:
         self.store = store if store is not None else RotorStore()
         self.shared = self.store.for_shape(quantum, self.K)
         self.used: set[tuple] = set()  # keys of the shared entries this solve uses
-        # by position: (cost over H, best split over H relative to a, id in the store)
-        self.cache: dict[tuple[int, int, bool, bool], tuple[np.ndarray, np.ndarray, int]] = {}
+        # By position, packed: (cost over H, best split over H relative to a, id in the store). The
+        # tables are nearly all INF then one repeated level: unpacked, the 16,638 of 3,850 layers
+        # took 390 MiB, the largest part of the command's peak. The costs of the latest made or read
+        # stay unpacked (``recent``): a table is read by the tables of the groups around it.
+        self.cache: dict[tuple[int, int, bool, bool], PackedTable] = {}
+        self.recent: dict[tuple[int, int, bool, bool], np.ndarray] = {}
 
     def get(self, a: int, b: int, start: bool = True, end: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(cost over H, best split over H: ``s - a`` for the split after unit ``s``, -1 for the base
         case); ``start``: ``a`` starts the group (its input is stored, not held); ``end``: ``b`` ends
         it (the unit after it is not in the group)."""
-        val, split, _ = self._entry(a, b, start, end)
-        return val, split
+        val = self.cost(a, b, start, end)
+        return val, self.cache[(a, b, start, end)].unpack_split()
 
-    def _entry(self, a: int, b: int, start: bool, end: bool) -> tuple[np.ndarray, np.ndarray, int]:
+    def cost(self, a: int, b: int, start: bool = True, end: bool = True) -> np.ndarray:
+        """The cost over H of :meth:`get`, without the splits."""
         key = (a, b, start, end)
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
+        self._entry(key)
+        return self._val(key)
+
+    def _entry(self, key: tuple[int, int, bool, bool]) -> int:
+        """The id in the store of the table ``get`` reads for ``key`` (made, packed, if need be).
+        A table found in the store is not unpacked: a group's table reads its parts' ids, and only
+        the tables made anew read their parts' costs."""
+        packed = self.cache.get(key)
+        if packed is not None:
+            return packed.id
+        a, b, start, end = key
         K = self.K
         splits: list[tuple] = []
         if a == b:
@@ -196,7 +252,7 @@ class _Tables:
             content: tuple = ("unit", _q(need, self.q) + int(self.P[a]), cost)
         else:
             # the splits s = a, a+1, ... while feasible somewhere: (forward cost a..s, least H,
-            # o_s, the entries s+1..b and a..s), the entries named by their ids in the store
+            # o_s, the tables s+1..b and a..s), the tables named by their ids in the store
             ev = _q(self.u[b].event_ext, self.q) + int(self.P[b])
             adv = 0
             for s in range(a, b):
@@ -205,24 +261,40 @@ class _Tables:
                 lo = max(ev + adv, self.b[s], 0)
                 if lo > K:
                     break
-                right = self._entry(s + 1, b, False, end)
-                left = self._entry(a, s, start, False)
+                right, left = (s + 1, b, False, end), (a, s, start, False)
                 splits.append((float(self.F[s + 1] - self.F[a]), lo, self.b[s], right, left))
-            content = ("group", *((f, lo, o, right[2], left[2]) for f, lo, o, right, left in splits))
+            content = (
+                "group",
+                *((f, lo, o, self._entry(right), self._entry(left)) for f, lo, o, right, left in splits),
+            )
         self.used.add(content)
         found = self.shared.get(content)
         if found is None:
-            val, split = self._table(content, splits) if a < b else self._unit_table(content)
-            found = self.shared[content] = (val, split, next(self.store.ids))
+            val, split = self._table(splits) if a < b else self._unit_table(content)
+            found = self.shared[content] = PackedTable.pack(val, split, next(self.store.ids))
+            self._remember(key, val)
         self.cache[key] = found
-        return found
+        return found.id
+
+    def _val(self, key: tuple[int, int, bool, bool]) -> np.ndarray:
+        """The costs of the table made for ``key`` (by :meth:`_entry`)."""
+        val = self.recent.get(key)
+        if val is None:
+            val = self._remember(key, self.cache[key].unpack_val())
+        return val
+
+    def _remember(self, key: tuple[int, int, bool, bool], val: np.ndarray) -> np.ndarray:
+        if len(self.recent) >= RECENT_TABLES:
+            self.recent.clear()  # (reads are near the latest tables made: the next ones come back)
+        self.recent[key] = val
+        return val
 
     def _unit_table(self, content: tuple) -> tuple[np.ndarray, np.ndarray]:
         """One unit recomputed on its own: ``cost`` where ``H`` reaches its need."""
         _, need, cost = content
         return np.where(need <= self.H, cost, INF), np.full(self.K + 1, -1, dtype=np.int32)
 
-    def _table(self, content: tuple, splits: list) -> tuple[np.ndarray, np.ndarray]:
+    def _table(self, splits: list) -> tuple[np.ndarray, np.ndarray]:
         """The least cost over the splits, per ``H``, and the first split reaching it."""
         K = self.K
         if not splits:
@@ -231,8 +303,8 @@ class _Tables:
         for i, (f, lo, o, right, left) in enumerate(splits):
             # H - o_s indexes right (o_s is held while s+1..b run); H indexes left; below lo: infeasible
             row = cand[i, lo:]
-            np.add(right[0][lo - o : K + 1 - o], f, out=row)
-            np.add(row, left[0][lo:], out=row)
+            np.add(self._val(right)[lo - o : K + 1 - o], f, out=row)
+            np.add(row, self._val(left)[lo:], out=row)
         best = cand.argmin(axis=0)  # the first split of least cost, as a strict improvement keeps it
         val = cand[best, self.H]
         split = np.where(val < INF, best, -1).astype(np.int32)
@@ -353,7 +425,7 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
                 need_m = _q(units[m].fw_need, q) + run + (hb[m - 1] if m > a else 0)
                 fw_lim = min(fw_lim, K - need_m)
                 run += kept_run[m]
-            rot, _ = tables.get(a, k)
+            rot = tables.cost(a, k)
             hi = min(fw_lim, K - sig)
             if hi < 0:
                 continue
@@ -515,7 +587,7 @@ def _milp_columns(problem: Problem, q: int, tables: _Tables, b: list[int], kept_
         for a in _group_starts(problem, k):
             extra = _q(units[a].input_extra, q)
             sig = sum(kept_run[a : k + 1]) + extra
-            rot, _ = tables.get(a, k)
+            rot = tables.cost(a, k)
             finite = np.isfinite(rot)
             if not finite.any():
                 continue

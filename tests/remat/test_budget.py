@@ -151,3 +151,29 @@ def test_budget_min_is_the_lowest_peak_the_refusal_names(name):
     assert abs(named - peak / MiB) < 0.05
     assert peak < lowest.estimate_before.planned_peak_bytes
     assert onnx_remat.apply(art, budget=" MIN ").estimate_after.planned_peak_bytes == peak
+
+
+def test_parked_rewrites_keep_their_bytes_out_of_memory(monkeypatch):
+    """A parked rewrite's bytes live in an unnamed temporary file, come back whole, travel pickled
+    (from a forked child) with their bytes, and stay in memory where no file can be written."""
+    import pickle
+
+    import onnx
+
+    from onnx_remat.remat import budget as budget_module
+    from onnx_remat.remat.budget import ParkedRewrite, SpilledBytes
+    from onnx_remat.remat.rewrite import RewriteResult
+
+    model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []), doc_string="x" * 100_000)
+    parked = ParkedRewrite.of(RewriteResult(model=model, segments=[]))
+    assert parked.spilled._file is not None and parked.spilled._kept is None
+    assert parked.data == model.SerializeToString() and parked.read().model == model
+    back = pickle.loads(pickle.dumps(parked))
+    assert back.spilled is not parked.spilled and back.read().model == model
+
+    def no_room():
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(budget_module.tempfile, "TemporaryFile", no_room)
+    kept = SpilledBytes(b"abc")
+    assert kept._file is None and kept.read() == b"abc"

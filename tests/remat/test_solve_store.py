@@ -1,11 +1,15 @@
-"""Rotor tables kept between solves (RotorStore) give the solutions a fresh solve gives."""
+"""Rotor tables kept between solves (RotorStore), and kept packed (PackedTable), give the solutions a
+fresh solve gives."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
 
-from onnx_remat.remat.solve import RotorStore, least_budget, min_budget, solve
+import numpy as np
+
+import onnx_remat.remat.solve as solve_module
+from onnx_remat.remat.solve import INF, PackedTable, RotorStore, least_budget, min_budget, solve
 from tests.remat.test_solve import random_problem
 
 
@@ -44,3 +48,29 @@ def test_least_budget_returns_the_solution_at_min_budget():
             continue
         assert found[0] == least
         assert _key(found[1]) == _key(solve(problem, least, quantum=1))
+
+
+def test_packed_tables_unpack_to_the_same_arrays():
+    rng = np.random.default_rng(5)
+    for size in (0, 1, 2, 7, 64):
+        for _ in range(30):
+            lo, hi = sorted(rng.integers(0, size + 1, 2)) if size else (0, 0)
+            val = np.full(size, INF)
+            val[lo:hi] = rng.choice([INF, 0.5, 1.25, 3.0], hi - lo)
+            val[hi:] = rng.choice([INF, 0.25])
+            split = np.where(val < INF, rng.integers(0, 5, size), -1).astype(np.int32)
+            packed = PackedTable.pack(val, split, 9)
+            back_val, back_split = packed.unpack_val(), packed.unpack_split()
+            assert back_val.dtype == val.dtype and np.array_equal(back_val, val)
+            assert back_split.dtype == split.dtype and np.array_equal(back_split, split)
+            assert packed.id == 9 and len(packed.val) <= max(hi - lo, 0)  # only the levels between
+
+
+def test_a_solve_reading_its_tables_back_packed_gives_the_same_solutions(monkeypatch):
+    """With one table kept unpacked, every table a solve reads again is unpacked first."""
+    rng = random.Random(11)
+    problems = [random_problem(rng, rng.randint(2, 9)) for _ in range(12)]
+    budgets = [rng.randint(10, 150) for _ in problems]
+    wide = [_key(solve(p, b, quantum=1)) for p, b in zip(problems, budgets)]
+    monkeypatch.setattr(solve_module, "RECENT_TABLES", 1)
+    assert [_key(solve(p, b, quantum=1)) for p, b in zip(problems, budgets)] == wide
