@@ -165,13 +165,18 @@ class PackedTable:
     def pack(cls, val: np.ndarray, split: np.ndarray, id: int) -> PackedTable:
         """``val`` and ``split`` (one rotor table) packed, with the entry's ``id``."""
         size = len(val)
-        finite = np.flatnonzero(val < INF)
-        lo = int(finite[0]) if len(finite) else size
+        if not size:
+            return cls(0, 0, val, split, (INF, -1), id)
+        # (argmax finds the first True: no index arrays made; a table is packed as it is made)
+        feasible = val < INF
+        lo = int(feasible.argmax()) if feasible[-1] or feasible.any() else size
         if lo and (split[:lo] != -1).any():
             lo = 0
-        changes = np.flatnonzero((val != val[-1]) | (split != split[-1])) if size else finite
-        hi = max(int(changes[-1]) + 1 if len(changes) else 0, lo)
-        tail = (float(val[-1]), int(split[-1])) if size else (INF, -1)
+        differs = val != val[-1]
+        differs |= split != split[-1]
+        last = size - 1 - int(differs[::-1].argmax())
+        hi = max(last + 1 if differs[last] else 0, lo)
+        tail = (float(val[-1]), int(split[-1]))
         return cls(size, lo, val[lo:hi].copy(), split[lo:hi].copy(), tail, id)
 
     def unpack_val(self) -> np.ndarray:
@@ -221,7 +226,7 @@ class _Tables:
         # took 390 MiB, the largest part of the command's peak. The costs of the latest made or read
         # stay unpacked (``recent``): a table is read by the tables of the groups around it.
         self.cache: dict[tuple[int, int, bool, bool], PackedTable] = {}
-        self.recent: dict[tuple[int, int, bool, bool], np.ndarray] = {}
+        self.recent: dict[int, np.ndarray] = {}  # by id in the store: equal layers share tables
 
     def get(self, a: int, b: int, start: bool = True, end: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(cost over H, best split over H: ``s - a`` for the split after unit ``s``, -1 for the base
@@ -272,21 +277,22 @@ class _Tables:
         if found is None:
             val, split = self._table(splits) if a < b else self._unit_table(content)
             found = self.shared[content] = PackedTable.pack(val, split, next(self.store.ids))
-            self._remember(key, val)
+            self._remember(found.id, val)
         self.cache[key] = found
         return found.id
 
     def _val(self, key: tuple[int, int, bool, bool]) -> np.ndarray:
         """The costs of the table made for ``key`` (by :meth:`_entry`)."""
-        val = self.recent.get(key)
+        packed = self.cache[key]
+        val = self.recent.get(packed.id)
         if val is None:
-            val = self._remember(key, self.cache[key].unpack_val())
+            val = self._remember(packed.id, packed.unpack_val())
         return val
 
-    def _remember(self, key: tuple[int, int, bool, bool], val: np.ndarray) -> np.ndarray:
+    def _remember(self, id: int, val: np.ndarray) -> np.ndarray:
         if len(self.recent) >= RECENT_TABLES:
             self.recent.clear()  # (reads are near the latest tables made: the next ones come back)
-        self.recent[key] = val
+        self.recent[id] = val
         return val
 
     def _unit_table(self, content: tuple) -> tuple[np.ndarray, np.ndarray]:
