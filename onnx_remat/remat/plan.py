@@ -304,14 +304,6 @@ class Planner:
             return self._transposed
         region: set[int] = set()
         tg = self.tg
-        seeds = [
-            n
-            for n in tg.order
-            if n.op == "Transpose" and not n.domain and tg.is_forward(n) and not self._fused_transpose(n)
-        ]
-        if self._moved_transposes is not None and seeds:
-            moved = self._moved_transposes(seeds)
-            seeds = [n for n in seeds if n.name in moved]
 
         def pushed_into(n: gs.Node) -> list[gs.Node]:
             return [
@@ -321,6 +313,20 @@ class Planner:
                 if not c.domain and c.op in PUSHED_THROUGH and tg.is_forward(c) and id(c) not in region
             ]
 
+        # Only Transposes that read into an op a push goes through are asked about: a graph with
+        # none (GPT-2's permute before a Reshape, say) is not emulated for the question.
+        seeds = [
+            n
+            for n in tg.order
+            if n.op == "Transpose"
+            and not n.domain
+            and tg.is_forward(n)
+            and not self._fused_transpose(n)
+            and pushed_into(n)
+        ]
+        if self._moved_transposes is not None and seeds:
+            moved = self._moved_transposes(seeds)
+            seeds = [n for n in seeds if n.name in moved]
         for seed in seeds:
             if id(seed) in region:
                 continue
