@@ -307,18 +307,19 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     for init in graph.initializer:
         if init.name not in tensors:
             tensors[init.name] = OnnxImporter.import_tensor(init)
+    variable = _VariableReader()
     for vi in graph.value_info:
         known = tensors.get(vi.name)
         if known is None:
-            tensors[vi.name] = _variable(vi)
+            tensors[vi.name] = variable(vi)
         elif isinstance(known, gs.Variable):  # graphsurgeon keeps what the first one had
-            new = _variable(vi)
+            new = variable(vi)
             d = known.__dict__
             d["dtype"] = known.dtype or new.dtype
             d["shape"] = known.shape or new.shape
     initializers = {init.name for init in graph.initializer}
-    inputs = [_known(tensors, vi) for vi in graph.input if vi.name not in initializers]
-    outputs = [_known(tensors, vi) for vi in graph.output]
+    inputs = [_known(tensors, vi, variable) for vi in graph.input if vi.name not in initializers]
+    outputs = [_known(tensors, vi, variable) for vi in graph.output]
     empty_attrs: dict = {}
     nodes = []
     for proto in graph.node:
@@ -369,18 +370,34 @@ def _new_variable(name: str, dtype=None, shape=None, type: str = "tensor_type") 
     return v
 
 
-def _variable(vi: onnx.ValueInfoProto) -> gs.Variable:
-    """The tensor graphsurgeon's ``import_tensor`` makes of a ValueInfoProto."""
-    if vi.type.ByteSize() > 0:
-        return _new_variable(vi.name, get_onnx_tensor_dtype(vi), get_onnx_tensor_shape(vi), get_onnx_tensor_type(vi))
-    return _new_variable(vi.name)
+class _VariableReader:
+    """The tensor graphsurgeon's ``import_tensor`` makes of a ValueInfoProto, for one import.
+
+    graphsurgeon's readers of a type (dtype, shape, kind) take ~20 us a tensor, and a training
+    graph declares the types of 10^5 tensors, most of them alike (the same few shapes in every
+    layer): each distinct TypeProto is read once, keyed by its serialization (equal bytes, equal
+    fields, so equal readings), and each tensor gets its own copy of the shape list."""
+
+    def __init__(self) -> None:
+        self._read: dict[bytes, tuple] = {}
+
+    def __call__(self, vi: onnx.ValueInfoProto) -> gs.Variable:
+        type_proto = vi.type
+        if type_proto.ByteSize() == 0:
+            return _new_variable(vi.name)
+        key = type_proto.SerializeToString()
+        read = self._read.get(key)
+        if read is None:
+            read = self._read[key] = (get_onnx_tensor_dtype(vi), get_onnx_tensor_shape(vi), get_onnx_tensor_type(vi))
+        dtype, shape, kind = read
+        return _new_variable(vi.name, dtype, list(shape) if shape is not None else None, kind)
 
 
-def _known(tensors: dict[str, gs.Tensor], vi: onnx.ValueInfoProto) -> gs.Tensor:
+def _known(tensors: dict[str, gs.Tensor], vi: onnx.ValueInfoProto, variable: _VariableReader) -> gs.Tensor:
     """A graph input's or output's tensor: the one already imported by that name, else a new one."""
     t = tensors.get(vi.name)
     if t is None:
-        t = tensors[vi.name] = _variable(vi)
+        t = tensors[vi.name] = variable(vi)
     return t
 
 
