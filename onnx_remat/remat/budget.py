@@ -51,6 +51,7 @@ from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
+from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.pipeline import RewritePipeline
@@ -472,6 +473,13 @@ class BudgetPlanner:
             tuple[list[RewriteResult | ParkedRewrite], Forked[list[tuple[ScheduleResult, MemoryEstimate]]]] | None
         ) = None
         self._rotors = RotorStore()  # a budget's rounds solve it again with a few units corrected
+        # The emulation of one plan evaluated, with that plan (its rewrite parked or not): apply
+        # schedules the chosen plan, and its schedule starts from this emulation where it is that
+        # plan's, rather than emulating and planning the rewrite again (a third of the schedule).
+        # One at a time: the cheapest plan evaluated that fits the budget being planned (_budget),
+        # else the latest; on a large graph only until the next plan is evaluated (_keeps_kept).
+        self._kept: tuple[BudgetPlan, Emulation] | None = None
+        self._budget: int | None = None
 
     @property
     def units(self) -> list[Unit]:
@@ -643,6 +651,8 @@ class BudgetPlanner:
         return done
 
     def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
+        if not self._keeps_kept(None):
+            self._kept = None  # (let go before the next rewrite and its emulation are made)
         done = self.pipeline.run(plan)
         emu = done.ordered.emulation
         assert emu is not None and done.estimate is not None
@@ -653,9 +663,25 @@ class BudgetPlanner:
         bp = BudgetPlan(source, plan, rewrite, parts[0], cost, self.costs.total, choices)
         bp.observed = self._observe(parts, rewrite, plan, owners)
         if worth_running_beside(len(rewrite.model.graph.node)):
-            del parts, emu, done
+            del parts, done
             bp._rewrite = ParkedRewrite.of(rewrite)
+        if not self._keeps_kept(bp):
+            self._kept = (bp, emu)
         return bp
+
+    def _keeps_kept(self, new: BudgetPlan | None) -> bool:
+        """Whether the kept emulation stays rather than ``new``'s (None: a plan about to be
+        evaluated): while its plan fits the budget being planned and ``new`` is not a cheaper fit.
+        On a large graph (:func:`~onnx_remat.forked.worth_running_beside`) it never stays beside
+        the next plan's evaluation: an emulation and the model it holds are 0.4 GiB at 10^5 nodes,
+        and the command's peak would hold two (pickled to a file instead, it took 4 of the 6 s it
+        saves to write and read back)."""
+        kept = self._kept
+        if kept is None or self._budget is None or kept[0].peak > self._budget:
+            return False
+        if new is None:
+            return not worth_running_beside(len(self.analysis.model.graph.node))
+        return new.peak > self._budget or new.cost >= kept[0].cost
 
     def _observe(self, parts, rewrite: RewriteResult, plan: RecomputePlan, owners: dict | None) -> dict[str, int]:
         """Live bytes at most per slot of the baseline (``fw:k``, ``bw:k``, ``mid``, ...) in the
@@ -806,6 +832,8 @@ class BudgetPlanner:
         self._floor = None
         self._rotors = RotorStore()
         self._schedules = {k: v for k, v in self._schedules.items() if keep is not None and v[0] is keep}
+        if self._kept is not None and (keep is None or self._kept[0]._rewrite is not keep):
+            self._kept = None
 
     def scheduled(
         self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
@@ -832,10 +860,23 @@ class BudgetPlanner:
     ) -> tuple[ScheduleResult, MemoryEstimate]:
         """The schedule of ``rewrite`` and its estimate; the schedule without its emulation (a
         quarter to half a GiB at 10^5 nodes, and the floor schedules up to six plans, each kept):
-        what is read of it later is its model and figures."""
-        model = rewrite.read().model if isinstance(rewrite, ParkedRewrite) else rewrite.model
-        ordered = self.pipeline.order(model, schedule=True, check_ahead=check_ahead)
-        del model
+        what is read of it later is its model and figures. The rewrite's emulation is the one its
+        evaluation made where that is the one kept (:meth:`_keeps_kept`; then taken: it is not
+        kept twice)."""
+        kept = self._kept
+        if kept is not None and kept[0]._rewrite is rewrite:
+            self._kept = None
+            emulated = kept[1]
+            del kept
+            ordered = self.pipeline.order(emulated.model, schedule=True, check_ahead=check_ahead, emulated=emulated)
+            del emulated
+        else:
+            del kept
+            if worth_running_beside(len(self.analysis.model.graph.node)):
+                self._kept = None  # (on a large graph, not held beside this rewrite's emulation)
+            model = rewrite.read().model if isinstance(rewrite, ParkedRewrite) else rewrite.model
+            ordered = self.pipeline.order(model, schedule=True, check_ahead=check_ahead)
+            del model
         assert ordered.schedule is not None and ordered.emulation is not None
         estimate = estimate_emulated(self.analysis, ordered.emulation)
         ordered.schedule.emulation = None
@@ -869,6 +910,7 @@ class BudgetPlanner:
         """
         if budget <= 0:
             raise RematError(f"the budget must be positive, got {budget} bytes")
+        self._budget = budget  # (which evaluated plan's emulation is kept: _keeps_kept)
         base = self.baseline_peak
         attempts: list[Attempt] = []
         if budget >= base:

@@ -126,9 +126,18 @@ class RewritePipeline:
             self._original.cancel()
             self._original = None
 
-    def order(self, model, *, schedule: bool | None = None, check_ahead: bool | None = None) -> OrderedGraph:
+    def order(
+        self,
+        model,
+        *,
+        schedule: bool | None = None,
+        check_ahead: bool | None = None,
+        emulated: Emulation | None = None,
+    ) -> OrderedGraph:
         """The order stage on ``model`` (a rewrite of the analysed graph); ``schedule`` and
-        ``check_ahead`` override the pipeline's for this call."""
+        ``check_ahead`` override the pipeline's for this call. ``emulated``: the emulation of
+        ``model`` an earlier order stage made (``model`` is that stage's output), used rather than
+        made again (:func:`~onnx_remat.scheduling.schedule.order_rewrite`)."""
         original = self.original
         return order_rewrite(
             model,
@@ -139,6 +148,7 @@ class RewritePipeline:
             emulation=self.estimate,
             original_sizes=original.sizes if original is not None else None,
             check_ahead=self.check_ahead if check_ahead is None else check_ahead,
+            emulated=emulated,
         )
 
     def run(self, plan: RecomputePlan) -> Rewritten:

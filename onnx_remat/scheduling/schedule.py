@@ -353,6 +353,7 @@ def order_rewrite(
     emulation: bool = True,
     original_sizes: TensorSizes | None = None,
     check_ahead: bool = False,
+    emulated: Emulation | None = None,
 ) -> OrderedGraph:
     """The order pass after a rewrite: emulate ``model`` once, keep its random ops in
     ``random_order`` (the original graph's draw order; pins only where the rewrite changed it) and,
@@ -367,12 +368,18 @@ def order_rewrite(
     the graph ``model`` rewrites, if there is one: ``model``'s are then updated from those
     (:func:`~onnx_remat.ortsim.emulation.emulate_rewrite`), not inferred again. ``check_ahead``:
     the schedule's (:class:`MemorySchedule`), whose check the caller takes with
-    :func:`check_scheduled`.
+    :func:`check_scheduled`. ``emulated``: an emulation of ``model`` made as this pass makes one
+    (``model`` the result of an earlier call without ``schedule``, whose emulation it is), used
+    rather than made again where the kernel workarounds leave ``model`` as it is.
     """
     model, workarounds = fix_grouped_conv_grads(model)
+    if emulated is not None and emulated.model is not model:
+        emulated = None  # a workaround changed the graph: the emulation is not of it
     if not schedule and not emulation and len(random_order) < 2:
         return OrderedGraph(model, None, None, [], workarounds)
-    if original_sizes is not None:
+    if emulated is not None:
+        emu = emulated
+    elif original_sizes is not None:
         emu = emulate_rewrite(model, original_sizes)
     else:
         emu = emulate(model, TensorSizes(model, dims))

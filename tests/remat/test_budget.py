@@ -177,3 +177,57 @@ def test_parked_rewrites_keep_their_bytes_out_of_memory(monkeypatch):
     monkeypatch.setattr(budget_module.tempfile, "TemporaryFile", no_room)
     kept = SpilledBytes(b"abc")
     assert kept._file is None and kept.read() == b"abc"
+
+
+@pytest.mark.parametrize("budget", ["35%", "50%", "min"])
+def test_the_chosen_plan_is_scheduled_from_its_evaluation(monkeypatch, budget):
+    """apply(budget=) schedules the chosen plan from the emulation its evaluation made (the
+    cheapest fitting plan's is kept) rather than emulating the rewrite again, and writes the same
+    graph as when it emulates it again."""
+    from onnx_remat.scheduling import schedule as schedule_module
+
+    made: list[int] = []
+    emulate_rewrite = schedule_module.emulate_rewrite
+
+    def counted(model, sizes):
+        made.append(len(model.graph.node))
+        return emulate_rewrite(model, sizes)
+
+    monkeypatch.setattr(schedule_module, "emulate_rewrite", counted)
+    art = artifacts_dir("blocks10")
+    reused = onnx_remat.apply(art, budget=budget)
+    with_reuse = len(made)
+    made.clear()
+    monkeypatch.setattr(BudgetPlanner, "_keeps_kept", lambda self, new: True)  # nothing is ever kept
+    again = onnx_remat.apply(art, budget=budget)
+    assert len(made) == with_reuse + 1
+    assert reused.model.SerializeToString() == again.model.SerializeToString()
+    assert reused.summary() == again.summary()
+
+
+def test_on_a_large_graph_no_emulation_is_kept_beside_an_evaluation(monkeypatch):
+    """On a large graph the kept emulation is let go before the next plan is rewritten and
+    emulated (two would be held at once), and the graph written is the same."""
+    from onnx_remat import forked
+    from onnx_remat.remat.pipeline import RewritePipeline
+
+    art = artifacts_dir("blocks10")
+    small = onnx_remat.apply(art, budget="35%")
+    planners: list[BudgetPlanner] = []
+    held: list[bool] = []
+    init, run = BudgetPlanner.__init__, RewritePipeline.run
+
+    def tracked_init(self, *args, **kwargs):
+        planners.append(self)
+        init(self, *args, **kwargs)
+
+    def tracked_run(self, plan):
+        held.extend(p._kept is not None for p in planners)
+        return run(self, plan)
+
+    monkeypatch.setattr(BudgetPlanner, "__init__", tracked_init)
+    monkeypatch.setattr(RewritePipeline, "run", tracked_run)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)  # every graph is large enough
+    large = onnx_remat.apply(art, budget="35%")
+    assert held and not any(held)
+    assert large.model.SerializeToString() == small.model.SerializeToString()
