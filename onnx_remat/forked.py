@@ -14,8 +14,10 @@ raised where and as it would have been without the fork, with its own traceback.
 
 Only graphs above :data:`FORK_MIN_NODES` nodes use a child (:func:`worth_running_beside`): below it, onnxruntime's
 load check runs in a child process on the second core already (:mod:`onnx_remat.model_io`), the
-work is short, and the command stays as it was. Where ``fork`` is missing (not POSIX), the work
-runs in the command.
+work is short, and the command stays as it was. A child forks no child of its own: it runs beside
+the command already, and a third process would only take turns with the two on the cores (seen:
+the budget planner's solve took 7.5 s instead of 3 beside a schedule made ahead that forked its
+policies' predictions). Where ``fork`` is missing (not POSIX), the work runs in the command.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ FORK_MIN_NODES = 30_000
 
 _VALUE, _FAILED = b"V", b"X"
 
+_in_child = False  # set in a child of fork_child: it forks no child of its own
+
 
 def fork_child(write: Callable[[int], None]) -> tuple[int, int] | None:
     """Fork; in the child call ``write(fd)`` (``fd``: the write end of a pipe, which ``write``
@@ -46,6 +50,8 @@ def fork_child(write: Callable[[int], None]) -> tuple[int, int] | None:
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: work, answer, leave (no exit handlers, no buffered output)
+        global _in_child
+        _in_child = True
         os.close(read_end)
         code = 0
         try:
@@ -157,10 +163,16 @@ class Forked(Generic[T]):
         self.cancel()
 
 
-def worth_running_beside(nodes: int) -> bool:
-    """Whether work on a graph of ``nodes`` nodes runs beside the command's own, in a child: above
+def large_graph(nodes: int) -> bool:
+    """Whether a graph of ``nodes`` nodes is large enough for work beside the command's own: above
     :data:`FORK_MIN_NODES` (read when asked, so a test can lower it)."""
     return nodes > FORK_MIN_NODES
+
+
+def worth_running_beside(nodes: int) -> bool:
+    """Whether work on a graph of ``nodes`` nodes runs beside the command's own, in a forked child:
+    on a :func:`large_graph`, unless this process is such a child already."""
+    return large_graph(nodes) and not _in_child
 
 
 def beside(compute: Callable[[], T], nodes: int) -> Forked[T]:

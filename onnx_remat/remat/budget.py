@@ -51,6 +51,7 @@ from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
+from onnx_remat.ortsim.check_process import CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
@@ -69,12 +70,15 @@ from onnx_remat.remat.solve import (
     predict,
     solve,
 )
-from onnx_remat.scheduling.schedule import ScheduleResult, check_scheduled
+from onnx_remat.scheduling.schedule import ScheduleResult, check_scheduled, start_check
 from onnx_remat.units import format_bytes
 
 MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
 PER_LAYER, RECOMPUTE_OUTPUTS, PLANNER, NONE = "per-layer", "recompute-outputs", "planner", "none"
 STAGED_LIMIT = 20  # the --recompute-outputs reference is skipped when its stages clone more than this x forward
+
+
+Scheduled = tuple[ScheduleResult, MemoryEstimate]  # a rewrite's memory schedule and its exact estimate
 
 
 def makers_first(segments: list[Segment]) -> list[Segment]:
@@ -480,6 +484,10 @@ class BudgetPlanner:
         # else the latest; on a large graph only until the next plan is evaluated (_keeps_kept).
         self._kept: tuple[BudgetPlan, Emulation] | None = None
         self._budget: int | None = None
+        # The schedule of the plan the rounds would choose now, made ahead in a forked child
+        # (_schedule_chosen_ahead), while plan() runs for a caller that schedules its choice.
+        self._chosen_ahead: tuple[RewriteResult | ParkedRewrite, Forked[Scheduled]] | None = None
+        self._speculate = False
 
     @property
     def units(self) -> list[Unit]:
@@ -834,6 +842,9 @@ class BudgetPlanner:
         self._schedules = {k: v for k, v in self._schedules.items() if keep is not None and v[0] is keep}
         if self._kept is not None and (keep is None or self._kept[0]._rewrite is not keep):
             self._kept = None
+        if self._chosen_ahead is not None and (keep is None or self._chosen_ahead[0] is not keep):
+            self._chosen_ahead[1].cancel()
+            self._chosen_ahead = None
 
     def scheduled(
         self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
@@ -843,6 +854,10 @@ class BudgetPlanner:
         ``apply`` schedules the chosen plan, often one of them). ``check_ahead``: where it is made
         now, the schedule starts the written graph's validity check beside its emulation
         (``ScheduleResult.checking``; apply takes it)."""
+        if self._chosen_ahead is not None and self._chosen_ahead[0] is rewrite:
+            made = self._chosen_ahead[1].result()
+            self._chosen_ahead = None
+            self._schedules[id(rewrite)] = (rewrite, *made)
         if self._ahead is not None and any(r is rewrite for r in self._ahead[0]):
             rewrites, pending = self._ahead
             self._ahead = None
@@ -850,7 +865,11 @@ class BudgetPlanner:
                 self._schedules[id(r)] = (r, sched, est)
         done = self._schedules.get(id(rewrite))
         if done is not None and done[0] is rewrite:
-            return done[1], done[2]
+            sched = done[1]
+            if check_ahead and sched.checking is None:
+                # made earlier (or ahead, in a child): the check of the graph it writes starts now
+                sched.checking = start_check(sched.model)
+            return sched, done[2]
         sched, est = self._schedule(rewrite, check_ahead=check_ahead)
         self._schedules[id(rewrite)] = (rewrite, sched, est)
         return sched, est
@@ -891,8 +910,60 @@ class BudgetPlanner:
         rewrites = [r for r in rewrites if id(r) not in self._schedules]
         if not rewrites or not worth_running_beside(len(self.analysis.model.graph.node)):
             return
+        parent = os.getpid()
 
-        self._ahead = (rewrites, Forked.start(lambda: [self._schedule(r) for r in rewrites]))
+        def schedules() -> list[tuple[ScheduleResult, MemoryEstimate]]:
+            if os.getpid() != parent:  # (computed here where the child failed: nothing let go)
+                self._release_in_child(rewrites)
+            return [self._schedule(r) for r in rewrites]
+
+        self._ahead = (rewrites, Forked.start(schedules))
+
+    def _schedule_chosen_ahead(self, bp: BudgetPlan | None) -> None:
+        """Start the schedule of ``bp``, the plan the rounds would choose now, in a forked child (on a
+        large graph, where the caller schedules the chosen plan: ``plan(schedule_chosen=True)``),
+        and stop the one started for another plan. The child also checks the graph the schedule
+        writes, and the verdict comes with it (:class:`~onnx_remat.ortsim.check_process.CheckVerdict`,
+        which :func:`~onnx_remat.scheduling.schedule.check_scheduled` takes). :meth:`scheduled`
+        takes it; a plan the rounds then beat costs only the second core's time. At 10^5 nodes the
+        schedule and the check are 15-20 s, and the rounds after the plan is found (a solve at
+        least) often as long."""
+        current = self._chosen_ahead
+        rewrite = bp._rewrite if bp is not None and self._speculate else None
+        if current is not None and current[0] is rewrite:
+            return
+        if current is not None:
+            current[1].cancel()
+            self._chosen_ahead = None
+        if (
+            rewrite is None
+            or id(rewrite) in self._schedules
+            or not worth_running_beside(len(self.analysis.model.graph.node))
+        ):
+            return
+        parent = os.getpid()
+
+        def schedule() -> Scheduled:
+            in_child = os.getpid() != parent  # (computed here where the child failed: as scheduled() would)
+            if in_child:
+                self._release_in_child([rewrite])
+            sched, est = self._schedule(rewrite)
+            if in_child:
+                checking = start_check(sched.model)  # (a fresh process: this one's pages stay as they are)
+                sched.checking = CheckVerdict(checking.result()) if checking is not None else None
+            return sched, est
+
+        self._chosen_ahead = (rewrite, Forked.start(schedule))
+
+    def _release_in_child(self, rewrites: list[RewriteResult | ParkedRewrite]) -> None:
+        """In the child scheduling ``rewrites`` ahead: let go of what only planning reads (the
+        child starts with the command's pages, and the schedules' objects then reuse that memory
+        rather than add to it), but the emulation kept of one of them."""
+        kept = self._kept
+        self.release_planning()
+        self._ahead = self._chosen_ahead = None  # (the parent's; the child never takes them)
+        if kept is not None and any(kept[0]._rewrite is r for r in rewrites):
+            self._kept = kept
 
     def _drop_ahead(self) -> None:
         """Stop the schedules started ahead that were not asked for."""
@@ -903,10 +974,15 @@ class BudgetPlanner:
     def _solve(self, model_budget: int) -> Solution | None:
         return solve(self.problem, model_budget, store=self._rotors)
 
-    def plan(self, budget: int, *, progress: Callable[[str], None] | None = None) -> BudgetResult:
+    def plan(
+        self, budget: int, *, progress: Callable[[str], None] | None = None, schedule_chosen: bool = False
+    ) -> BudgetResult:
         """The cheapest plan found whose exact planned peak is at most ``budget`` bytes.
 
         Raises a one-line :class:`RematError` naming the lowest reachable peak when none fits.
+        ``schedule_chosen``: the caller will schedule the chosen plan (:meth:`scheduled`, as
+        ``apply`` does); on a large graph the cheapest reference plan that fits is then scheduled
+        beside the rounds, in a forked child, since the rounds seldom find a cheaper one.
         """
         if budget <= 0:
             raise RematError(f"the budget must be positive, got {budget} bytes")
@@ -932,10 +1008,19 @@ class BudgetPlanner:
             self._schedule_ahead(
                 [r._rewrite for r in refs if r._rewrite is not None and r.scheduled is None and r.peak > budget]
             )
+        self._speculate = self.schedule and schedule_chosen
         try:
-            return self._plan_within(budget, base, refs, attempts, progress)
+            result = self._plan_within(budget, base, refs, attempts, progress)
+        except BaseException:
+            self._schedule_chosen_ahead(None)
+            raise
         finally:
             self._drop_ahead()
+            self._speculate = False
+        if self._chosen_ahead is not None and self._chosen_ahead[0] is not result.chosen._rewrite:
+            self._chosen_ahead[1].cancel()  # (beaten: what the caller schedules is another plan)
+            self._chosen_ahead = None
+        return result
 
     def _plan_within(
         self,
@@ -948,6 +1033,9 @@ class BudgetPlanner:
         """:meth:`plan`'s rounds, references and floor for a budget below the baseline."""
         best: BudgetPlan | None = None
         seen: set[str] = set()
+        # the cheapest reference that fits unscheduled is chosen unless the rounds find a cheaper plan
+        fitting = [r for r in refs if r.peak <= budget]
+        self._schedule_chosen_ahead(min(fitting, key=lambda r: r.cost) if fitting else None)
         for _ in range(MAX_ROUNDS):
             model_budget = budget
             sol = self._solve(model_budget)
@@ -969,6 +1057,8 @@ class BudgetPlanner:
                 progress(f"model budget {format_bytes(model_budget)}: planned peak {format_bytes(bp.peak)}")
             if fits and (best is None or bp.cost < best.cost):
                 best = bp
+                if not any(r.peak <= budget and r.cost < bp.cost for r in refs):
+                    self._schedule_chosen_ahead(bp)
         # The rounds are done: their rotor tables go before the schedules below (0.4 GiB at 3,850
         # layers). A store serves only one budget (its tables' shape is the budget's).
         self._rotors = RotorStore()
@@ -1109,7 +1199,7 @@ def apply_budget(
         limit = int(planner.floor().written_peak)
     else:
         limit = parse_budget(budget, planner.baseline_peak)
-    result = planner.plan(limit)
+    result = planner.plan(limit, schedule_chosen=schedule)
     chosen = result.chosen
     scheduled = None
     after = chosen.estimate

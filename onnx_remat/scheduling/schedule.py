@@ -46,9 +46,9 @@ import onnx
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
-from onnx_remat.forked import Forked, worth_running_beside
+from onnx_remat.forked import Forked, large_graph, worth_running_beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
-from onnx_remat.ortsim.check_process import CheckProcess
+from onnx_remat.ortsim.check_process import CheckProcess, CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.ortsim.registry import check_runtime_support
@@ -104,7 +104,7 @@ class ScheduleResult:
     emulation: Emulation | None = field(default=None, repr=False)
     # ``check_runtime_support`` of ``model``, running in a child process since the schedule wrote
     # it (MemorySchedule(check_ahead=True)): its verdict is taken by check_scheduled
-    checking: CheckProcess | None = field(default=None, repr=False, compare=False)
+    checking: CheckProcess | CheckVerdict | None = field(default=None, repr=False, compare=False)
 
     @property
     def changed(self) -> bool:
@@ -261,11 +261,17 @@ class MemorySchedule:
         return result
 
     def _check_ahead(self, written: onnx.ModelProto) -> CheckProcess | None:
-        """The validity check of ``written`` started in a child process (``check_ahead``, large
-        graphs only: :func:`~onnx_remat.forked.worth_running_beside`), or None."""
-        if not self.check_ahead or not worth_running_beside(len(written.graph.node)):
-            return None
-        return CheckProcess.start(written)
+        """The validity check of ``written`` started in a child process (``check_ahead``), or None."""
+        return start_check(written) if self.check_ahead else None
+
+
+def start_check(written: onnx.ModelProto) -> CheckProcess | None:
+    """The validity check of ``written``, the graph a schedule writes, started in a child process
+    for :func:`check_scheduled` to take (large graphs only: :func:`~onnx_remat.forked.large_graph`),
+    or None."""
+    if not large_graph(len(written.graph.node)):
+        return None
+    return CheckProcess.start(written)
 
 
 def check_scheduled(result: ScheduleResult | None, model: onnx.ModelProto, where: str) -> None:

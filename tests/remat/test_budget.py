@@ -231,3 +231,38 @@ def test_on_a_large_graph_no_emulation_is_kept_beside_an_evaluation(monkeypatch)
     large = onnx_remat.apply(art, budget="35%")
     assert held and not any(held)
     assert large.model.SerializeToString() == small.model.SerializeToString()
+
+
+@pytest.mark.parametrize(("budget", "source"), [(57 * MiB, PER_LAYER), (70 * MiB, "planner")])
+def test_on_a_large_graph_the_chosen_plan_is_scheduled_beside_the_rounds(monkeypatch, budget, source):
+    """On a large graph apply(budget=) schedules the plan the rounds would choose in a forked child
+    as soon as it is known (the cheapest reference that fits, then each cheaper plan found), and
+    the child checks the graph it writes: the command itself neither schedules nor checks the
+    chosen plan's graph, and writes what it writes without the fork."""
+    from onnx_remat import forked
+    from onnx_remat.scheduling import schedule as schedule_module
+
+    art = artifacts_dir("blocks10")
+    here = onnx_remat.apply(art, budget=budget)
+    assert here.budget.chosen.source == source
+    scheduled_here: list[object] = []
+    checked_here: list[str] = []
+    schedule, check = BudgetPlanner._schedule, schedule_module.check_runtime_support
+
+    def tracked_schedule(self, rewrite, *, check_ahead=False):
+        scheduled_here.append(rewrite)  # (a child appends to its own copy of the list)
+        return schedule(self, rewrite, check_ahead=check_ahead)
+
+    def tracked_check(model, where="model", **kwargs):
+        checked_here.append(where)
+        return check(model, where, **kwargs)
+
+    monkeypatch.setattr(BudgetPlanner, "_schedule", tracked_schedule)
+    monkeypatch.setattr(schedule_module, "check_runtime_support", tracked_check)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)  # every graph is large enough
+    beside = onnx_remat.apply(art, budget=budget)
+    assert beside.budget.chosen.source == source
+    assert not any(r is beside.budget.chosen._rewrite for r in scheduled_here)
+    assert "rewritten model" not in checked_here
+    assert beside.model.SerializeToString() == here.model.SerializeToString()
+    assert beside.summary() == here.summary()
