@@ -7,7 +7,9 @@ An emulation is counted where its :class:`~onnx_remat.ortsim.graph.RuntimeGraph`
 in place (when the graph has shared parameters) and the best order found, written and checked (a
 second order only where it is predicted lower than the first one's verified peak);
 ``estimate`` the same (it is ``apply`` without writing); ``schedule`` the original, the
-accumulated variant and the order checked.
+accumulated variant and the order checked. ``apply --budget`` emulates the original once and each
+plan it checks once (its rewrite, ordered), and the chosen plan's schedule starts from the
+emulation the plan's check made where that is the one kept (the cheapest fitting plan's).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ def test_each_command_emulates_each_graph_once(emulations, name, scope, most):
         runs[command]()
         assert 1 <= emulations[0] <= limit, (
             f"{name} {command}: {emulations[0]} graphs emulated, at most {limit} expected"
+        )
+
+
+@pytest.mark.parametrize(("name", "most"), [("blocks10", {"50%": 5, "min": 18}), ("gpt", {"50%": 7, "min": 12})])
+def test_a_budget_emulates_each_plan_once(emulations, name, most):
+    """One more each before the chosen plan's schedule started from its check's emulation."""
+    for budget, limit in most.items():
+        emulations[0] = 0
+        onnx_remat.apply(artifacts_dir(name), budget=budget)
+        assert 1 <= emulations[0] <= limit, (
+            f"{name} --budget {budget}: {emulations[0]} graphs emulated, at most {limit}"
         )
 
 
