@@ -981,8 +981,9 @@ class BudgetPlanner:
 
         Raises a one-line :class:`RematError` naming the lowest reachable peak when none fits.
         ``schedule_chosen``: the caller will schedule the chosen plan (:meth:`scheduled`, as
-        ``apply`` does); on a large graph the cheapest reference plan that fits is then scheduled
-        beside the rounds, in a forked child, since the rounds seldom find a cheaper one.
+        ``apply`` does); on a large graph the plan the rounds would choose (the cheapest reference
+        that fits, then each cheaper plan they find) is then scheduled beside them, in a forked
+        child (:meth:`_schedule_chosen_ahead`).
         """
         if budget <= 0:
             raise RematError(f"the budget must be positive, got {budget} bytes")
