@@ -89,22 +89,6 @@ class CheckProcess:
             self.cancel()
 
 
-class CheckVerdict:
-    """A check's verdict taken already, where the check ran beside a forked child's work (the
-    schedule the budget planner makes ahead): answers as :class:`CheckProcess` does, and travels
-    pickled."""
-
-    def __init__(self, passed: bool) -> None:
-        self.passed = passed
-
-    def result(self) -> bool:
-        """True when the model passed."""
-        return self.passed
-
-    def cancel(self) -> None:
-        """Nothing runs any more."""
-
-
 def _check_file(path: str) -> bytes:
     """In the child: the verdict on the model in ``path``, which is removed once read."""
     from onnx_remat.errors import RematError

@@ -51,7 +51,6 @@ from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
-from onnx_remat.ortsim.check_process import CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
@@ -922,12 +921,13 @@ class BudgetPlanner:
     def _schedule_chosen_ahead(self, bp: BudgetPlan | None) -> None:
         """Start the schedule of ``bp``, the plan the rounds would choose now, in a forked child (on a
         large graph, where the caller schedules the chosen plan: ``plan(schedule_chosen=True)``),
-        and stop the one started for another plan. The child also checks the graph the schedule
-        writes, and the verdict comes with it (:class:`~onnx_remat.ortsim.check_process.CheckVerdict`,
-        which :func:`~onnx_remat.scheduling.schedule.check_scheduled` takes). :meth:`scheduled`
-        takes it; a plan the rounds then beat costs only the second core's time. At 10^5 nodes the
-        schedule and the check are 15-20 s, and the rounds after the plan is found (a solve at
-        least) often as long."""
+        and stop the one started for another plan. :meth:`scheduled` takes it, and starts the
+        check of the graph it writes then; a plan the rounds then beat costs only the second
+        core's time. At 10^5 nodes the schedule is 12-16 s, and the rounds after the plan is found
+        (a solve at least) often as long. The check is not made in the child: a child stopped
+        while its check process starts would leave the model's temporary file behind, and the
+        check in the child itself would add its 0.5 GiB to the child's resident set, which starts
+        with every page of the command's."""
         current = self._chosen_ahead
         rewrite = bp._rewrite if bp is not None and self._speculate else None
         if current is not None and current[0] is rewrite:
@@ -944,14 +944,9 @@ class BudgetPlanner:
         parent = os.getpid()
 
         def schedule() -> Scheduled:
-            in_child = os.getpid() != parent  # (computed here where the child failed: as scheduled() would)
-            if in_child:
+            if os.getpid() != parent:  # (computed here where the child failed: nothing let go)
                 self._release_in_child([rewrite])
-            sched, est = self._schedule(rewrite)
-            if in_child:
-                checking = start_check(sched.model)  # (a fresh process: this one's pages stay as they are)
-                sched.checking = CheckVerdict(checking.result()) if checking is not None else None
-            return sched, est
+            return self._schedule(rewrite)
 
         self._chosen_ahead = (rewrite, Forked.start(schedule))
 

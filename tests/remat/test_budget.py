@@ -236,9 +236,13 @@ def test_on_a_large_graph_no_emulation_is_kept_beside_an_evaluation(monkeypatch)
 @pytest.mark.parametrize(("budget", "source"), [(57 * MiB, PER_LAYER), (70 * MiB, "planner")])
 def test_on_a_large_graph_the_chosen_plan_is_scheduled_beside_the_rounds(monkeypatch, budget, source):
     """On a large graph apply(budget=) schedules the plan the rounds would choose in a forked child
-    as soon as it is known (the cheapest reference that fits, then each cheaper plan found), and
-    the child checks the graph it writes: the command itself neither schedules nor checks the
-    chosen plan's graph, and writes what it writes without the fork."""
+    as soon as it is known (the cheapest reference that fits, then each cheaper plan found; the
+    child for a plan beaten is stopped): the command itself does not schedule the chosen plan,
+    the graph it writes is checked in a check process, no file is left behind, and the command
+    writes what it writes without the fork."""
+    import tempfile
+    from pathlib import Path
+
     from onnx_remat import forked
     from onnx_remat.scheduling import schedule as schedule_module
 
@@ -264,5 +268,6 @@ def test_on_a_large_graph_the_chosen_plan_is_scheduled_beside_the_rounds(monkeyp
     assert beside.budget.chosen.source == source
     assert not any(r is beside.budget.chosen._rewrite for r in scheduled_here)
     assert "rewritten model" not in checked_here
+    assert not list(Path(tempfile.gettempdir()).glob("onnx-remat-check-*"))
     assert beside.model.SerializeToString() == here.model.SerializeToString()
     assert beside.summary() == here.summary()
