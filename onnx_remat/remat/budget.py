@@ -78,6 +78,9 @@ STAGED_LIMIT = 20  # the --recompute-outputs reference is skipped when its stage
 
 
 Scheduled = tuple[ScheduleResult, MemoryEstimate]  # a rewrite's memory schedule and its exact estimate
+# Schedules being made in a forked child (BudgetPlanner._start_schedules): the rewrites, and their
+# Scheduled pairs in that order.
+Ahead = tuple[list["RewriteResult | ParkedRewrite"], Forked[list[Scheduled]]]
 
 
 def makers_first(segments: list[Segment]) -> list[Segment]:
@@ -259,6 +262,11 @@ class BudgetPlan:
 
 # The largest model a forked child sends back whole (a rewrite, pickled: _evaluate_plans).
 PORTABLE_MODEL_MAX_BYTES = 256 * 2**20
+
+
+def _holds(ahead: Ahead, rewrite: RewriteResult | ParkedRewrite) -> bool:
+    """Whether schedules made ahead include ``rewrite``'s."""
+    return any(r is rewrite for r in ahead[0])
 
 
 def portable(bp: BudgetPlan) -> BudgetPlan:
@@ -472,9 +480,7 @@ class BudgetPlanner:
         self._schedules: dict[int, tuple[RewriteResult | ParkedRewrite, ScheduleResult, MemoryEstimate]] = {}
         # Schedules being made in a forked child, ahead of need (_schedule_ahead): the rewrites, and
         # their (schedule, estimate) pairs in that order.
-        self._ahead: (
-            tuple[list[RewriteResult | ParkedRewrite], Forked[list[tuple[ScheduleResult, MemoryEstimate]]]] | None
-        ) = None
+        self._ahead: Ahead | None = None
         self._rotors = RotorStore()  # a budget's rounds solve it again with a few units corrected
         # The emulation of one plan evaluated, with that plan (its rewrite parked or not): apply
         # schedules the chosen plan, and its schedule starts from this emulation where it is that
@@ -485,7 +491,7 @@ class BudgetPlanner:
         self._budget: int | None = None
         # The schedule of the plan the rounds would choose now, made ahead in a forked child
         # (_schedule_chosen_ahead), while plan() runs for a caller that schedules its choice.
-        self._chosen_ahead: tuple[RewriteResult | ParkedRewrite, Forked[Scheduled]] | None = None
+        self._chosen_ahead: Ahead | None = None  # (of one rewrite)
         self._speculate = False
 
     @property
@@ -841,27 +847,23 @@ class BudgetPlanner:
         self._schedules = {k: v for k, v in self._schedules.items() if keep is not None and v[0] is keep}
         if self._kept is not None and (keep is None or self._kept[0]._rewrite is not keep):
             self._kept = None
-        if self._chosen_ahead is not None and (keep is None or self._chosen_ahead[0] is not keep):
+        if self._chosen_ahead is not None and (keep is None or not _holds(self._chosen_ahead, keep)):
             self._chosen_ahead[1].cancel()
             self._chosen_ahead = None
 
-    def scheduled(
-        self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
-    ) -> tuple[ScheduleResult, MemoryEstimate]:
+    def scheduled(self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False) -> Scheduled:
         """The memory schedule of a plan's rewrite (as ``apply`` writes it; parked or not) and its
         exact estimate; computed once per rewrite (the floor's candidates are scheduled, and
         ``apply`` schedules the chosen plan, often one of them). ``check_ahead``: where it is made
         now, the schedule starts the written graph's validity check beside its emulation
         (``ScheduleResult.checking``; apply takes it)."""
-        if self._chosen_ahead is not None and self._chosen_ahead[0] is rewrite:
-            made = self._chosen_ahead[1].result()
-            self._chosen_ahead = None
-            self._schedules[id(rewrite)] = (rewrite, *made)
-        if self._ahead is not None and any(r is rewrite for r in self._ahead[0]):
-            rewrites, pending = self._ahead
-            self._ahead = None
-            for r, (sched, est) in zip(rewrites, pending.result()):
-                self._schedules[id(r)] = (r, sched, est)
+        for slot in ("_chosen_ahead", "_ahead"):
+            ahead: Ahead | None = getattr(self, slot)
+            if ahead is not None and _holds(ahead, rewrite):
+                setattr(self, slot, None)
+                rewrites, pending = ahead
+                for r, (sched, est) in zip(rewrites, pending.result()):
+                    self._schedules[id(r)] = (r, sched, est)
         done = self._schedules.get(id(rewrite))
         if done is not None and done[0] is rewrite:
             sched = done[1]
@@ -873,9 +875,7 @@ class BudgetPlanner:
         self._schedules[id(rewrite)] = (rewrite, sched, est)
         return sched, est
 
-    def _schedule(
-        self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False
-    ) -> tuple[ScheduleResult, MemoryEstimate]:
+    def _schedule(self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False) -> Scheduled:
         """The schedule of ``rewrite`` and its estimate; the schedule without its emulation (a
         quarter to half a GiB at 10^5 nodes, and the floor schedules up to six plans, each kept):
         what is read of it later is its model and figures. The rewrite's emulation is the one its
@@ -909,14 +909,19 @@ class BudgetPlanner:
         rewrites = [r for r in rewrites if id(r) not in self._schedules]
         if not rewrites or not worth_running_beside(len(self.analysis.model.graph.node)):
             return
+        self._ahead = self._start_schedules(rewrites)
+
+    def _start_schedules(self, rewrites: list[RewriteResult | ParkedRewrite]) -> Ahead:
+        """The schedules of ``rewrites`` started in a forked child, which first lets go of what
+        only planning reads (:meth:`_release_in_child`)."""
         parent = os.getpid()
 
-        def schedules() -> list[tuple[ScheduleResult, MemoryEstimate]]:
+        def schedules() -> list[Scheduled]:
             if os.getpid() != parent:  # (computed here where the child failed: nothing let go)
                 self._release_in_child(rewrites)
             return [self._schedule(r) for r in rewrites]
 
-        self._ahead = (rewrites, Forked.start(schedules))
+        return rewrites, Forked.start(schedules)
 
     def _schedule_chosen_ahead(self, bp: BudgetPlan | None) -> None:
         """Start the schedule of ``bp``, the plan the rounds would choose now, in a forked child (on a
@@ -930,7 +935,7 @@ class BudgetPlanner:
         with every page of the command's."""
         current = self._chosen_ahead
         rewrite = bp._rewrite if bp is not None and self._speculate else None
-        if current is not None and current[0] is rewrite:
+        if current is not None and rewrite is not None and _holds(current, rewrite):
             return
         if current is not None:
             current[1].cancel()
@@ -941,14 +946,7 @@ class BudgetPlanner:
             or not worth_running_beside(len(self.analysis.model.graph.node))
         ):
             return
-        parent = os.getpid()
-
-        def schedule() -> Scheduled:
-            if os.getpid() != parent:  # (computed here where the child failed: nothing let go)
-                self._release_in_child([rewrite])
-            return self._schedule(rewrite)
-
-        self._chosen_ahead = (rewrite, Forked.start(schedule))
+        self._chosen_ahead = self._start_schedules([rewrite])
 
     def _release_in_child(self, rewrites: list[RewriteResult | ParkedRewrite]) -> None:
         """In the child scheduling ``rewrites`` ahead: let go of what only planning reads (the
@@ -1013,7 +1011,8 @@ class BudgetPlanner:
         finally:
             self._drop_ahead()
             self._speculate = False
-        if self._chosen_ahead is not None and self._chosen_ahead[0] is not result.chosen._rewrite:
+        chosen = result.chosen._rewrite
+        if self._chosen_ahead is not None and (chosen is None or not _holds(self._chosen_ahead, chosen)):
             self._chosen_ahead[1].cancel()  # (beaten: what the caller schedules is another plan)
             self._chosen_ahead = None
         return result
