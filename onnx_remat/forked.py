@@ -83,10 +83,17 @@ class Forked(Generic[T]):
     ``result()`` waits for it (once); ``cancel()`` stops the child. Usable as a context manager
     that cancels on the way out whatever was not taken, so no child outlives an error."""
 
-    def __init__(self, compute: Callable[[], T], pid: int | None = None, fd: int | None = None) -> None:
+    def __init__(
+        self,
+        compute: Callable[[], T],
+        pid: int | None = None,
+        fd: int | None = None,
+        cleanup: Callable[[], None] | None = None,
+    ) -> None:
         self._compute = compute
         self._pid = pid
         self._fd = fd
+        self._cleanup = cleanup
         # The process that started the child: only it stops or reaps it (a later fork of this
         # process holds a copy of this object, and must not kill its sibling).
         self._owner = os.getpid()
@@ -95,12 +102,17 @@ class Forked(Generic[T]):
         self._done = False
 
     @classmethod
-    def start(cls, compute: Callable[[], T]) -> Forked[T]:
-        """Start ``compute`` in a forked child (computed here and now where there is no ``fork``)."""
+    def start(cls, compute: Callable[[], T], *, cleanup: Callable[[], None] | None = None) -> Forked[T]:
+        """Start ``compute`` in a forked child (computed here and now where there is no ``fork``).
+        ``cleanup`` runs here once the child is gone, whether its value was taken or it was
+        stopped: it removes what the child may have left (a file a stopped child was writing)."""
         started = fork_child(lambda fd: _answer(fd, compute))
         if started is None:
-            return cls.done(compute())
-        return cls(compute, *started)
+            value = compute()
+            if cleanup is not None:
+                cleanup()
+            return cls.done(value)
+        return cls(compute, *started, cleanup=cleanup)
 
     @classmethod
     def done(cls, value: T) -> Forked[T]:
@@ -135,6 +147,7 @@ class Forked(Generic[T]):
             raise
         finally:
             os.waitpid(self._pid, 0)
+            self._clean()
         if answered:
             return value  # type: ignore[return-value]
         return self._compute()  # the child failed: the error (or the value) as it comes here
@@ -147,6 +160,12 @@ class Forked(Generic[T]):
         self._value = None
         if self._pid is not None and self._fd is not None:
             stop_child(self._pid, self._fd)
+            self._clean()
+
+    def _clean(self) -> None:
+        cleanup, self._cleanup = self._cleanup, None
+        if cleanup is not None:
+            cleanup()
 
     def __getstate__(self) -> None:
         raise TypeError("a Forked value stays in the process that started it")

@@ -4,6 +4,7 @@ commands that use it write the same graphs and figures with the fork as without 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -121,9 +122,9 @@ def test_commands_write_the_same_with_the_fork(tmp_path, monkeypatch):
     started = []
     start = Forked.start.__func__  # type: ignore[attr-defined]
 
-    def counted(cls, compute):
+    def counted(cls, compute, **kw):
         started.append(compute)
-        return start(cls, compute)
+        return start(cls, compute, **kw)
 
     monkeypatch.setattr(Forked, "start", classmethod(counted))
     in_command = _outputs(tmp_path, "in_command")
@@ -197,9 +198,9 @@ def test_apply_and_schedule_take_the_check_the_schedule_started(monkeypatch):
     started = []
     start = CheckProcess.start.__func__  # type: ignore[attr-defined]
 
-    def counted_start(cls, model):
+    def counted_start(cls, model, path=None):
         started.append(len(model.graph.node))
-        return start(cls, model)
+        return start(cls, model, path)
 
     monkeypatch.setattr(schedule_module, "check_runtime_support", counted)
     monkeypatch.setattr(CheckProcess, "start", classmethod(counted_start))
@@ -216,10 +217,10 @@ def test_apply_and_schedule_take_the_check_the_schedule_started(monkeypatch):
     onnx_remat.schedule(artifacts_dir("gpt"))  # no order lowers its peak: nothing written ahead
     assert len(started) == 2 and checked == ["scheduled model"]
     checked.clear()
-    # the chosen plan's schedule was made ahead, in a child beside the planner's rounds; the check
-    # of the graph it writes starts when it is taken
+    # the chosen plan's schedule was made ahead, in a child beside the planner's rounds, and the
+    # graph it writes checked there: the verdict comes with it, nothing is checked here
     onnx_remat.apply(artifacts_dir("blocks10"), budget="50%")
-    assert len(started) == 3 and checked == []
+    assert len(started) == 2 and checked == []
 
 
 def test_large_graphs_plans_keep_their_models_as_wire_bytes(monkeypatch):
@@ -255,3 +256,104 @@ def test_a_child_forks_no_child_of_its_own(monkeypatch):
     pid, beside_there, large_there = work.result()
     assert pid != os.getpid() and not beside_there and large_there
     assert worth_running_beside(1)
+
+
+@pytest.mark.parametrize("staged_limit", [20, 1])
+def test_on_a_large_graph_the_recompute_outputs_reference_is_planned_in_a_child(monkeypatch, staged_limit):
+    """The --recompute-outputs reference is planned and evaluated beside the per-layer one. Where
+    its stages clone too much (STAGED_LIMIT 1 on blocks10's 10-block chain) this process never plans
+    it; where it is made, this process plans it once, to name its own nodes, and the references,
+    their figures and the notes are those made without the fork."""
+    from onnx_remat.remat import budget
+    from onnx_remat.remat.plan import Planner
+
+    monkeypatch.setattr(budget, "STAGED_LIMIT", staged_limit)
+    plans = []
+    plan = Planner.plan
+
+    def counted(self, selection, **kw):
+        if selection.recompute_outputs:
+            plans.append(os.getpid())
+        return plan(self, selection, **kw)
+
+    monkeypatch.setattr(Planner, "plan", counted)
+    analysis = analyze_model(artifacts_dir("blocks10"))
+    alone = BudgetPlanner(analysis)
+    refs_alone = [(r.source, r.peak, r.cost, r.clones, r.observed) for r in alone.references()]
+    assert plans == [PARENT]
+    plans.clear()
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    started = []
+    start = Forked.start.__func__  # type: ignore[attr-defined]
+    monkeypatch.setattr(Forked, "start", classmethod(lambda cls, c, **kw: started.append(c) or start(cls, c, **kw)))
+    beside_it = BudgetPlanner(analysis)
+    refs = [(r.source, r.peak, r.cost, r.clones, r.observed) for r in beside_it.references()]
+    assert refs == refs_alone and beside_it.reference_notes == alone.reference_notes
+    assert len(refs) == (2 if staged_limit == 20 else 1)
+    assert len(started) == 2  # the costs beside the original's emulation, then the reference
+    # the parent plans it only to have it in its own nodes
+    assert plans == ([PARENT] if staged_limit == 20 else [])
+    if staged_limit == 1:
+        assert any("not estimated as a reference" in n for n in beside_it.reference_notes)
+
+
+def test_cleanup_runs_once_the_child_is_gone(tmp_path):
+    left = tmp_path / "left"
+
+    def cleanup():
+        assert not left.exists()  # once
+        left.write_text("cleaned")
+
+    taken = Forked.start(lambda: 5, cleanup=cleanup)
+    assert taken.result() == 5 and left.read_text() == "cleaned"
+    left.unlink()
+    with Forked.start(lambda: time.sleep(60), cleanup=cleanup) as stopped:
+        assert not left.exists()
+    assert left.read_text() == "cleaned"
+    stopped.cancel()  # (again: nothing more)
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its exit status is left (a zombie nobody reaped yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_check_process_dies_with_the_process_that_started_it(tmp_path):
+    """A forked child stopped while its check runs leaves no check running (here one held stopped
+    in its check, which only the parent-death signal ends)."""
+    handed = tmp_path / "model.onnx"
+    pid_file = tmp_path / "check.pid"
+    model = onnx.load(artifacts_dir("blocks10") / "training_model.onnx")
+
+    def check_then_wait() -> None:
+        checking = CheckProcess.start(model, str(handed))
+        assert checking is not None
+        pid = checking._proc.pid
+        while handed.exists():  # read (and removed) once its parent-death signal is armed
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGSTOP)
+        pid_file.write_text(str(pid))
+        time.sleep(60)
+
+    check_pid = None
+    try:
+        with Forked.start(check_then_wait):
+            deadline = time.monotonic() + 30
+            while not pid_file.exists() or not pid_file.read_text():
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            check_pid = int(pid_file.read_text())
+            assert not _gone(check_pid)
+        deadline = time.monotonic() + 10
+        while not _gone(check_pid):
+            assert time.monotonic() < deadline, "the check process outlived the child that started it"
+            time.sleep(0.05)
+    finally:
+        if check_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(check_pid, signal.SIGKILL)

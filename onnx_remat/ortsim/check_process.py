@@ -11,16 +11,24 @@ check needs.
 The verdict is what :func:`check_runtime_support` says of the same bytes: ``True`` when the
 model passes. ``False`` (a refusal, or a child that failed) leaves the caller to check in its own
 process, so that a refusal reads exactly as it would have
-(:func:`onnx_remat.scheduling.schedule.check_scheduled`).
+(:func:`onnx_remat.scheduling.schedule.check_scheduled`). A verdict reached in another process (a
+forked child that checked the graph it made) is handed over as a :class:`CheckVerdict`.
+
+The check process dies with the process that started it (Linux's parent-death signal): a child
+of the command stopped while its check runs leaves no check behind it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 
 import onnx
 
@@ -29,6 +37,7 @@ import onnx
 MAX_MODEL_BYTES = 512 * 2**20
 
 _PASSED = b"passed"
+CHECK_FILE_PREFIX = "onnx-remat-check-"  # of the files models are handed over in
 
 
 class CheckProcess:
@@ -42,16 +51,19 @@ class CheckProcess:
         self._done = False
 
     @classmethod
-    def start(cls, model: onnx.ModelProto) -> CheckProcess | None:
+    def start(cls, model: onnx.ModelProto, path: str | None = None) -> CheckProcess | None:
         """Start the check of ``model`` (None where it is too large to hand over:
-        :data:`MAX_MODEL_BYTES`)."""
+        :data:`MAX_MODEL_BYTES`). ``path``: the file to hand it over in, made (and removed, should
+        this process be stopped first) by the caller; by default a new temporary file."""
         if model.ByteSize() > MAX_MODEL_BYTES:
             return None
-        fd, path = tempfile.mkstemp(prefix="onnx-remat-check-", suffix=".onnx")
-        with os.fdopen(fd, "wb") as file:
+        if path is None:
+            fd, path = tempfile.mkstemp(prefix=CHECK_FILE_PREFIX, suffix=".onnx")
+            os.close(fd)
+        with open(path, "wb") as file:
             file.write(model.SerializeToString())
         proc = subprocess.Popen(
-            [sys.executable, "-m", "onnx_remat.ortsim.check_process", path],
+            [sys.executable, "-m", "onnx_remat.ortsim.check_process", path, str(os.getpid())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -89,6 +101,35 @@ class CheckProcess:
             self.cancel()
 
 
+@dataclass(frozen=True)
+class CheckVerdict:
+    """The verdict of a check already made, in another process: what :meth:`CheckProcess.result`
+    said there (picklable, unlike the process)."""
+
+    passed: bool
+
+    def result(self) -> bool:
+        return self.passed
+
+    def cancel(self) -> None:
+        """Nothing runs: nothing to stop."""
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> None:
+    """In the check process: be killed when ``parent`` (the process that started it) dies, and exit
+    now if it has died already (before this ran). On Linux; elsewhere, nothing. Armed here rather
+    than in ``Popen``'s ``preexec_fn``, which is unsafe where the starting process has threads."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        sys.exit(1)
+
+
 def _check_file(path: str) -> bytes:
     """In the child: the verdict on the model in ``path``, which is removed once read."""
     from onnx_remat.errors import RematError
@@ -106,4 +147,5 @@ def _check_file(path: str) -> bytes:
 
 
 if __name__ == "__main__":  # the child of CheckProcess: one model file, its verdict on stdout
+    _die_with(int(sys.argv[2]))
     sys.stdout.buffer.write(_check_file(sys.argv[1]))

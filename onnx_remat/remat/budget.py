@@ -37,6 +37,7 @@ peak (:class:`~onnx_remat.errors.RematError`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import tempfile
@@ -51,6 +52,7 @@ from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
+from onnx_remat.ortsim.check_process import CHECK_FILE_PREFIX, CheckProcess, CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
 from onnx_remat.remat.cost import NodeCosts, node_costs
@@ -260,7 +262,7 @@ class BudgetPlan:
         }
 
 
-# The largest model a forked child sends back whole (a rewrite, pickled: _evaluate_plans).
+# The largest model a forked child sends back whole (a rewrite, pickled: _reference_plans).
 PORTABLE_MODEL_MAX_BYTES = 256 * 2**20
 
 
@@ -609,33 +611,9 @@ class BudgetPlanner:
         """Per-layer recompute (every repeated layer unit, as ``--scope``) and the same with
         ``--recompute-outputs``, estimated exactly."""
         if self._references is None:
-            made: list[tuple[str, bool, RecomputePlan]] = []
             paths = [u.path for u in self.units if u.chain is not None]
-            if paths:
-                p = self.model.planner
-                forward = len(self.analysis.graph.forward_nodes)
-                for source, merged in ((PER_LAYER, False), (RECOMPUTE_OUTPUTS, True)):
-                    # Staged recompute of a long chain clones O(layers^2) nodes (700 layers:
-                    # 245,000 block recomputes): not worth a reference, and not linear, so the
-                    # planner stops building it once past the limit.
-                    limit = STAGED_LIMIT * forward if merged else None
-                    try:
-                        plan = p.plan(Selection(scopes=paths, recompute_outputs=merged), clone_limit=limit)
-                    except CloneLimitExceeded:
-                        self.reference_notes.append(
-                            f"{RECOMPUTE_OUTPUTS} not estimated as a reference: its stages would clone more "
-                            f"than {STAGED_LIMIT} times the forward pass ({len(paths)} layers in a chain)"
-                        )
-                        continue
-                    except RematError:
-                        continue
-                    if plan.segments:
-                        made.append((source, merged, plan))
-            evaluated = self._evaluate_plans(
-                [(plan, source, [f"--scope on every repeated layer ({source})"]) for source, _, plan in made]
-            )
             refs = []
-            for (_, merged, _), bp in zip(made, evaluated):
+            for merged, bp in self._reference_plans(paths) if paths else []:
                 bp.solution = self._reference_solution(merged)
                 if bp.solution is not None:
                     self.learn(bp)
@@ -644,24 +622,70 @@ class BudgetPlanner:
             self._reference_fix = dict(self.fix)
         return self._references
 
-    def _evaluate_plans(self, plans: list[tuple[RecomputePlan, str, list[str]]]) -> list[BudgetPlan]:
-        """:meth:`_evaluate_plan` of each ``(plan, source, choices)``. Each is a whole pipeline run
-        (11 s at 10^5 nodes) on the analysis alone: on a large graph the last runs in a forked child
-        (:class:`onnx_remat.forked.Forked`) while this process runs the others, and comes back as
-        :func:`portable` makes it. Not where the graph's own bytes (its weights, inside the model)
-        would make the rewrite too heavy to send back."""
+    def _reference_plans(self, paths: list[str]) -> list[tuple[bool, BudgetPlan]]:
+        """The reference plans over the layer units ``paths``, each evaluated (a whole pipeline run:
+        11 s at 10^5 nodes), per-layer first; each with whether it is ``--recompute-outputs``.
+
+        On a large graph (:func:`~onnx_remat.forked.worth_running_beside`) the ``--recompute-outputs``
+        reference is planned and evaluated in a forked child (:class:`onnx_remat.forked.Forked`) while
+        this process evaluates per-layer, and comes back as :func:`portable` makes it; its plan is then
+        made again here, where the graph's own nodes are. Its planning alone took 2.9 s at 10^5 nodes
+        (3,850 layers), where the planner stops at the clone limit and the reference is not made.
+        Not where the graph's own bytes (its weights, inside the model) would make the rewrite too
+        heavy to send back."""
+        per_layer = self._reference_plan(paths, merged=False)
         model = self.analysis.model
-        if (
-            len(plans) < 2
-            or not worth_running_beside(len(model.graph.node))
-            or model.ByteSize() > PORTABLE_MODEL_MAX_BYTES
-        ):
-            return [self._evaluate_plan(*item) for item in plans]
-        last_plan, source, choices = plans[-1]
-        with Forked.start(lambda: portable(self._evaluate_plan(last_plan, source, choices))) as last:
-            done = [self._evaluate_plan(*item) for item in plans[:-1]]
-            done.append(restored(last.result(), last_plan))
+        if not worth_running_beside(len(model.graph.node)) or model.ByteSize() > PORTABLE_MODEL_MAX_BYTES:
+            merged = self._reference_plan(paths, merged=True)
+            return [
+                (m, self._evaluate_reference(plan, m))
+                for m, plan in ((False, per_layer), (True, merged))
+                if plan is not None
+            ]
+
+        def merged_in_child() -> tuple[list[str], list[str] | None, BudgetPlan | None]:
+            noted = len(self.reference_notes)
+            plan = self._reference_plan(paths, merged=True)
+            notes = self.reference_notes[noted:]
+            if plan is None:
+                return notes, None, None
+            return notes, [s.label for s in plan.segments], portable(self._evaluate_reference(plan, True))
+
+        with Forked.start(merged_in_child) as child:
+            done = [(False, self._evaluate_reference(per_layer, False))] if per_layer is not None else []
+            notes, labels, evaluated = child.result()
+        self.reference_notes += notes
+        if evaluated is not None:
+            # the child's plan names the child's objects: the same plan is made again here
+            # (the planner is deterministic, and nothing it reads changed since the fork)
+            plan = self._reference_plan(paths, merged=True)
+            if plan is None or [s.label for s in plan.segments] != labels:
+                raise RuntimeError("the --recompute-outputs reference planned differently in the forked child")
+            done.append((True, restored(evaluated, plan)))
         return done
+
+    def _reference_plan(self, paths: list[str], *, merged: bool) -> RecomputePlan | None:
+        """Per-layer (``merged`` False) or ``--recompute-outputs`` recompute of ``paths``; None where
+        it recomputes nothing, or (with a note in ``reference_notes``) would clone too much."""
+        # Staged recompute of a long chain clones O(layers^2) nodes (700 layers: 245,000 block
+        # recomputes): not worth a reference, and not linear, so the planner stops building it
+        # once past the limit.
+        limit = STAGED_LIMIT * len(self.analysis.graph.forward_nodes) if merged else None
+        try:
+            plan = self.model.planner.plan(Selection(scopes=paths, recompute_outputs=merged), clone_limit=limit)
+        except CloneLimitExceeded:
+            self.reference_notes.append(
+                f"{RECOMPUTE_OUTPUTS} not estimated as a reference: its stages would clone more "
+                f"than {STAGED_LIMIT} times the forward pass ({len(paths)} layers in a chain)"
+            )
+            return None
+        except RematError:
+            return None
+        return plan if plan.segments else None
+
+    def _evaluate_reference(self, plan: RecomputePlan, merged: bool) -> BudgetPlan:
+        source = RECOMPUTE_OUTPUTS if merged else PER_LAYER
+        return self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"])
 
     def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
         if not self._keeps_kept(None):
@@ -911,28 +935,52 @@ class BudgetPlanner:
             return
         self._ahead = self._start_schedules(rewrites)
 
-    def _start_schedules(self, rewrites: list[RewriteResult | ParkedRewrite]) -> Ahead:
+    def _start_schedules(self, rewrites: list[RewriteResult | ParkedRewrite], *, check: bool = False) -> Ahead:
         """The schedules of ``rewrites`` started in a forked child, which first lets go of what
-        only planning reads (:meth:`_release_in_child`)."""
+        only planning reads (:meth:`_release_in_child`). With ``check`` the child then checks the
+        graph each schedule writes (:class:`~onnx_remat.ortsim.check_process.CheckProcess`, a fresh
+        process: the child's own would add the check's 0.5 GiB at 10^5 nodes to its pages) and
+        hands the verdict over with it (``ScheduleResult.checking``); the file the model goes over
+        in is this process's, removed when the child is gone, so a child stopped while its check
+        starts leaves nothing behind (the check process dies with the child)."""
         parent = os.getpid()
+        files: list[str] = []
+        if check:
+            for _ in rewrites:
+                fd, path = tempfile.mkstemp(prefix=CHECK_FILE_PREFIX, suffix=".onnx")
+                os.close(fd)
+                files.append(path)
 
         def schedules() -> list[Scheduled]:
             if os.getpid() != parent:  # (computed here where the child failed: nothing let go)
                 self._release_in_child(rewrites)
-            return [self._schedule(r) for r in rewrites]
+            made = [self._schedule(r) for r in rewrites]
+            for (sched, _), path in zip(made, files):
+                checking = CheckProcess.start(sched.model, path)
+                if checking is not None:
+                    sched.checking = CheckVerdict(checking.result())
+            return made
 
-        return rewrites, Forked.start(schedules)
+        def remove_files() -> None:
+            for path in files:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+        try:
+            return rewrites, Forked.start(schedules, cleanup=remove_files)
+        except BaseException:
+            remove_files()
+            raise
 
     def _schedule_chosen_ahead(self, bp: BudgetPlan | None) -> None:
         """Start the schedule of ``bp``, the plan the rounds would choose now, in a forked child (on a
         large graph, where the caller schedules the chosen plan: ``plan(schedule_chosen=True)``),
-        and stop the one started for another plan. :meth:`scheduled` takes it, and starts the
-        check of the graph it writes then; a plan the rounds then beat costs only the second
-        core's time. At 10^5 nodes the schedule is 12-16 s, and the rounds after the plan is found
-        (a solve at least) often as long. The check is not made in the child: a child stopped
-        while its check process starts would leave the model's temporary file behind, and the
-        check in the child itself would add its 0.5 GiB to the child's resident set, which starts
-        with every page of the command's."""
+        and stop the one started for another plan. The child then checks the graph the schedule
+        writes (:meth:`_start_schedules`), so :meth:`scheduled` takes the schedule with its
+        verdict; a plan the rounds then beat costs only the second core's time. At 10^5 nodes the
+        schedule is 12-16 s and its check 3 s, and the rounds after the plan is found (a solve at
+        least) often as long: the check started when the schedule was taken kept ``apply`` waiting
+        about 3 s at the end."""
         current = self._chosen_ahead
         rewrite = bp._rewrite if bp is not None and self._speculate else None
         if current is not None and rewrite is not None and _holds(current, rewrite):
@@ -946,7 +994,7 @@ class BudgetPlanner:
             or not worth_running_beside(len(self.analysis.model.graph.node))
         ):
             return
-        self._chosen_ahead = self._start_schedules([rewrite])
+        self._chosen_ahead = self._start_schedules([rewrite], check=True)
 
     def _release_in_child(self, rewrites: list[RewriteResult | ParkedRewrite]) -> None:
         """In the child scheduling ``rewrites`` ahead: let go of what only planning reads (the

@@ -48,7 +48,7 @@ from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, large_graph, worth_running_beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
-from onnx_remat.ortsim.check_process import CheckProcess
+from onnx_remat.ortsim.check_process import CheckProcess, CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.ortsim.registry import check_runtime_support
@@ -103,8 +103,9 @@ class ScheduleResult:
     # of ``model``: what onnxruntime runs (None in an apply result: apply lets it go once estimated)
     emulation: Emulation | None = field(default=None, repr=False)
     # ``check_runtime_support`` of ``model``, running in a child process since the schedule wrote
-    # it (MemorySchedule(check_ahead=True)): its verdict is taken by check_scheduled
-    checking: CheckProcess | None = field(default=None, repr=False, compare=False)
+    # it (MemorySchedule(check_ahead=True)), or its verdict from the process that made the schedule
+    # (the budget planner's schedules made ahead): taken by check_scheduled
+    checking: CheckProcess | CheckVerdict | None = field(default=None, repr=False, compare=False)
 
     @property
     def changed(self) -> bool:

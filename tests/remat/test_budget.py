@@ -237,13 +237,15 @@ def test_on_a_large_graph_no_emulation_is_kept_beside_an_evaluation(monkeypatch)
 def test_on_a_large_graph_the_chosen_plan_is_scheduled_beside_the_rounds(monkeypatch, budget, source):
     """On a large graph apply(budget=) schedules the plan the rounds would choose in a forked child
     as soon as it is known (the cheapest reference that fits, then each cheaper plan found; the
-    child for a plan beaten is stopped): the command itself does not schedule the chosen plan,
-    the graph it writes is checked in a check process, no file is left behind, and the command
-    writes what it writes without the fork."""
+    child for a plan beaten is stopped): the command itself neither schedules the chosen plan nor
+    checks the graph it writes (the child did, in a check process), no file is left behind, and
+    the command writes what it writes without the fork."""
+    import os
     import tempfile
     from pathlib import Path
 
     from onnx_remat import forked
+    from onnx_remat.ortsim.check_process import CheckProcess
     from onnx_remat.scheduling import schedule as schedule_module
 
     art = artifacts_dir("blocks10")
@@ -261,13 +263,22 @@ def test_on_a_large_graph_the_chosen_plan_is_scheduled_beside_the_rounds(monkeyp
         checked_here.append(where)
         return check(model, where, **kwargs)
 
+    started_here: list[int] = []
+    start = CheckProcess.start.__func__  # type: ignore[attr-defined]
+
+    def tracked_start(cls, model, path=None):
+        started_here.append(os.getpid())  # (as above: only this process's)
+        return start(cls, model, path)
+
     monkeypatch.setattr(BudgetPlanner, "_schedule", tracked_schedule)
     monkeypatch.setattr(schedule_module, "check_runtime_support", tracked_check)
+    monkeypatch.setattr(CheckProcess, "start", classmethod(tracked_start))
     monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)  # every graph is large enough
     beside = onnx_remat.apply(art, budget=budget)
     assert beside.budget.chosen.source == source
     assert not any(r is beside.budget.chosen._rewrite for r in scheduled_here)
-    assert "rewritten model" not in checked_here
+    # the graph written was checked where it was scheduled, and the verdict came with it
+    assert "rewritten model" not in checked_here and not started_here
     assert not list(Path(tempfile.gettempdir()).glob("onnx-remat-check-*"))
     assert beside.model.SerializeToString() == here.model.SerializeToString()
     assert beside.summary() == here.summary()
