@@ -211,12 +211,18 @@ class _Tables:
         self.u = units
         self.q = quantum
         self.b = [_q(u.held, quantum) for u in units]
+        # Per unit, quantized once, as Python numbers: a table of a group reads them for each split
+        # (numpy scalars cost a microsecond an operation there).
+        self.advance = [_q(u.advance, quantum) for u in units]
+        self.event_ext = [_q(u.event_ext, quantum) for u in units]
         self.F = np.cumsum([0.0] + [u.forward_cost for u in units])
+        self.forward = self.F.tolist()  # (the same float64 values)
         kept = [_q(u.layer[2], quantum) if u.layer else 0 for u in units]
         self.P = np.concatenate([[0], np.cumsum(kept)]).astype(np.int64)
         # Corrections learnt from the exact estimate can make a unit's kept bytes negative, so P is
         # not always increasing: the table spans the largest P, not the last one.
         self.K = K + max(int(self.P.max()), 0)
+        self.kept_before = self.P.tolist()
         self.H = np.arange(self.K + 1)
         self.store = store if store is not None else RotorStore()
         self.shared = self.store.for_shape(quantum, self.K)
@@ -248,30 +254,41 @@ class _Tables:
         packed = self.cache.get(key)
         if packed is not None:
             return packed.id
+        return self._make(key)
+
+    def _make(self, key: tuple[int, int, bool, bool]) -> int:
+        """:meth:`_entry` for a key not in the cache yet."""
         a, b, start, end = key
         K = self.K
         splits: list[tuple] = []
         if a == b:
             cost, need, _ = self.u[a].layer  # type: ignore[misc]
             need = _role_need(self.u[a], start, end, need)
-            content: tuple = ("unit", _q(need, self.q) + int(self.P[a]), cost)
+            content: tuple = ("unit", _q(need, self.q) + self.kept_before[a], cost)
         else:
             # the splits s = a, a+1, ... while feasible somewhere: (forward cost a..s, least H,
             # o_s, the tables s+1..b and a..s), the tables named by their ids in the store
-            ev = _q(self.u[b].event_ext, self.q) + int(self.P[b])
+            held, advance, forward = self.b, self.advance, self.forward
+            ev = self.event_ext[b] + self.kept_before[b]
             adv = 0
             for s in range(a, b):
-                step = _q(self.u[s].advance, self.q) + (self.b[s - 1] if s > a else 0)
+                step = advance[s] + (held[s - 1] if s > a else 0)
                 adv = max(adv, step)
-                lo = max(ev + adv, self.b[s], 0)
+                lo = max(ev + adv, held[s], 0)
                 if lo > K:
                     break
                 right, left = (s + 1, b, False, end), (a, s, start, False)
-                splits.append((float(self.F[s + 1] - self.F[a]), lo, self.b[s], right, left))
-            content = (
-                "group",
-                *((f, lo, o, self._entry(right), self._entry(left)) for f, lo, o, right, left in splits),
-            )
+                splits.append((forward[s + 1] - forward[a], lo, held[s], right, left))
+            # (the parts' ids inline: nearly every part is in the cache already, and a call per
+            # part was a third of a 3,850-layer solve)
+            cache, make = self.cache, self._make
+            parts: list[tuple] = ["group"]  # type: ignore[list-item]
+            for f, lo, o, right, left in splits:
+                r = cache.get(right)
+                r_id = r.id if r is not None else make(right)
+                le = cache.get(left)
+                parts.append((f, lo, o, r_id, le.id if le is not None else make(left)))
+            content = tuple(parts)
         self.used.add(content)
         found = self.shared.get(content)
         if found is None:
@@ -391,6 +408,8 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
     units = problem.units
     n = len(units)
     hb = tables.b
+    fw_need = [_q(u.fw_need, q) for u in units]  # (read for every group a unit is in)
+    kept_before = tables.kept_before
     # One block per table, a row per unit boundary: freed whole when the solve returns (as n + 1
     # separate rows, each below malloc's mmap threshold, they stayed in the heap after it: +0.2 GiB
     # of resident memory for the rest of a 3,850-layer command).
@@ -399,20 +418,22 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
     code = np.full((n + 1, K + 1), -(10**9), dtype=np.int64)
     prev = np.full((n + 1, K + 1), -1, dtype=np.int64)
 
+    levels = np.arange(K + 1)
+
     def relax(k_to: int, src: np.ndarray, add: int, lim: int, cost: np.ndarray | float, c: int) -> None:
-        """best[k_to][S + add] <- src[S] + cost for 0 <= S <= lim."""
+        """best[k_to][S + add] <- src[S] + cost for 0 <= S <= lim, where that is less."""
         add = max(add, 0)  # a negative correction must not index from the end: count it as nothing kept
         hi = min(lim, K - add)
         if hi < 0:
             return
         cand = src[: hi + 1] + (cost[: hi + 1] if isinstance(cost, np.ndarray) else cost)
-        dst = best[k_to][add : add + hi + 1]
+        span = slice(add, add + hi + 1)
+        dst = best[k_to, span]
         better = cand < dst
-        if not better.any():
-            return
-        best[k_to][add : add + hi + 1] = np.where(better, cand, dst)
-        code[k_to][add : add + hi + 1] = np.where(better, c, code[k_to][add : add + hi + 1])
-        prev[k_to][add : add + hi + 1] = np.where(better, np.arange(hi + 1), prev[k_to][add : add + hi + 1])
+        # (in place, where better: no arrays made for the rows' other levels, 57,000 times a solve)
+        np.copyto(dst, cand, where=better)
+        np.copyto(code[k_to, span], c, where=better)
+        np.copyto(prev[k_to, span], levels[: hi + 1], where=better)
 
     for k, u in enumerate(units):
         fw = _q(u.fw_need, q)
@@ -428,7 +449,7 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
             fw_lim = K
             run = extra
             for m in range(a, k + 1):
-                need_m = _q(units[m].fw_need, q) + run + (hb[m - 1] if m > a else 0)
+                need_m = fw_need[m] + run + (hb[m - 1] if m > a else 0)
                 fw_lim = min(fw_lim, K - need_m)
                 run += kept_run[m]
             rot = tables.cost(a, k)
@@ -436,7 +457,7 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
             if hi < 0:
                 continue
             # H = K - S - extra + P[a] for S = 0..hi
-            costs = rot[np.clip(K - extra + int(tables.P[a]) - np.arange(hi + 1), 0, len(rot) - 1)]
+            costs = _descending(rot, K - extra + kept_before[a], hi)
             relax(k + 1, best[a], sig + b[k], hi, costs, -(a + 1))
     final = best[n]
     lim = K - _q(problem.mid_need, q)
@@ -459,6 +480,20 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
             S, k = p, a
     choices.reverse()
     return Solution(cost=cost, choices=choices, stored=int(np.argmin(final[: lim + 1])), budget=budget)
+
+
+def _descending(table: np.ndarray, top: int, hi: int) -> np.ndarray:
+    """``table[clip(top - S, 0, len(table) - 1)]`` for ``S = 0..hi``, made of slices (an index array
+    and its clipping took longer than the copy, once per group and layer)."""
+    last = len(table) - 1
+    out = np.empty(hi + 1)
+    above = min(max(top - last, 0), hi + 1)  # the first S where top - S is at most ``last``
+    end = hi + 1 - min(max(hi - top, 0), hi + 1)  # past the last S where top - S is at least 0
+    out[:above] = table[last]
+    if above < end:
+        out[above:end] = table[top - end + 1 : top - above + 1][::-1]
+    out[end:] = table[0]
+    return out
 
 
 def feasible(problem: Problem, budget: int, quantum: int | None = None) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from onnx_remat.remat.solve import (
@@ -163,3 +164,17 @@ def test_rotor_beats_staged_and_chen_schedules():
     assert checked > 10
     tight = solve(problem, 22, quantum=1)
     assert tight is not None and tight.cost < solution_cost(problem, staged)
+
+
+def test_descending_reads_the_clipped_table():
+    """The DP reads a group's rotor table at H = top - S for S = 0..hi, clipped to the table: as
+    slices, the same values as the index array clipped."""
+    from onnx_remat.remat.solve import _descending
+
+    rng = np.random.default_rng(0)
+    for length in (1, 2, 5, 17):
+        table = rng.random(length)
+        for top in range(-25, 45):
+            for hi in range(30):
+                clipped = table[np.clip(top - np.arange(hi + 1), 0, length - 1)]
+                assert np.array_equal(_descending(table, top, hi), clipped), (length, top, hi)
