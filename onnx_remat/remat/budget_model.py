@@ -43,6 +43,7 @@ with the exact estimator and tightens the model's budget until the plan fits.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -256,12 +257,15 @@ def _chains_by_class(units: list[Scope], chain_of: dict[int, int]) -> dict[int, 
     return chain_of
 
 
-def recompute_peak(nodes: list[gs.Node], nbytes, keep: set[str]) -> int:
+def recompute_peak(
+    nodes: list[gs.Node], nbytes, keep: set[str], replayable: Callable[[gs.Node], bool] = is_replayable
+) -> int:
     """Peak bytes that running clones of ``nodes`` (in order) allocates: tensors in ``keep`` stay
     alive once written, the others until their last reader among ``nodes``. Follows onnxruntime's
     planner where it matters most: an alias (Reshape, ...) allocates nothing, and a kernel that may
     work in place (Softmax, Relu, ...) takes over an input that it reads last. ``nbytes(name)``
-    gives a tensor's bytes (0 for one onnxruntime fuses away)."""
+    gives a tensor's bytes (0 for one onnxruntime fuses away); ``replayable``: is_replayable, or
+    the planner's answers kept per node (:meth:`~onnx_remat.remat.plan.Planner.replayable`)."""
     last: dict[str, int] = {}
     for i, n in enumerate(nodes):
         for t in n.inputs:
@@ -275,7 +279,7 @@ def recompute_peak(nodes: list[gs.Node], nbytes, keep: set[str]) -> int:
     for i, n in enumerate(nodes):
         domain = n.domain or ""
         # a training-mode Dropout is replayed from its mask: its clone writes the output alone
-        outputs = n.outputs[:1] if is_replayable(n) else n.outputs
+        outputs = n.outputs[:1] if replayable(n) else n.outputs
         for k, t in enumerate(outputs):
             if not t.name:
                 continue
@@ -486,7 +490,10 @@ class _Builder:
         extra = sum(s.extra_boundary_bytes for s in segments)
         kept = unit.stored_bytes - unit.boundary_bytes - released_bytes + masks + extra
         cost = sum(self.costs.recompute_sum(s.recompute) for s in segments)
-        peak = sum(recompute_peak(s.recompute, self.rt_bytes, {t.name for t in s.targets}) for s in segments)
+        peak = sum(
+            recompute_peak(s.recompute, self.rt_bytes, {t.name for t in s.targets}, self.planner.replayable)
+            for s in segments
+        )
         return Option(kind, segments, cost, max(kept, 0), released_bytes - masks - extra, released_bytes, peak, extra)
 
     def options(self, unit: Unit) -> None:
@@ -521,7 +528,7 @@ class _Builder:
                 unit.options.append(o)
         full = [n for n in unit.nodes if p.cloneable(n)]
         unit.forward_cost = self.costs.recompute_sum(full)
-        unit.advance = recompute_peak(full, self.rt_bytes, {t.name for t in unit.boundary})
+        unit.advance = recompute_peak(full, self.rt_bytes, {t.name for t in unit.boundary}, self.planner.replayable)
 
     def _cheap_option(self, unit: Unit) -> Option | None:
         """Op-level recompute of the unit's stored tensors whose clones run no matrix product or

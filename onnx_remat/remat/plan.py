@@ -234,6 +234,8 @@ class Planner:
         self._keep_bytes: set[int] = set()  # Dropouts whose masks stay bytes in packed mode
         self._clone_limit: int | None = None  # of the plan() call under way
         self._stashed = {t.name for t in tg.stashed}
+        self._cloneable: dict[int, bool] = {}  # by id(node): cloneable(), asked again and again
+        self._replayable: dict[int, bool] = {}  # by id(node): replayable()
         self._transposed: set[int] | None = None  # of _transposed_region(), made at first use
         self._index: tuple[list[gs.Node], dict[str, list[gs.Node]], dict[str, gs.Node]] | None = None
         self._graph_outputs = {t.name for t in tg.graph.outputs}
@@ -251,6 +253,22 @@ class Planner:
         """Forward, deterministic (or replayable), no subgraph, not constant-only, and reading no
         tensor that another node overwrites in place (its own in-place outputs the rewrite sends
         to scratch buffers)."""
+        # (once per node: the budget model asks it of each node for every option of its unit,
+        # 140,000 times at 3,850 layers; the analysis the answer depends on does not change)
+        known = self._cloneable.get(id(node))
+        if known is None:
+            known = self._cloneable[id(node)] = self._judge_cloneable(node)
+        return known
+
+    def replayable(self, node: gs.Node) -> bool:
+        """:func:`~onnx_remat.remat.random_ops.is_replayable`, once per node (it reads the
+        Dropout's mode constant each time; asked 500,000 times at 3,850 layers)."""
+        known = self._replayable.get(id(node))
+        if known is None:
+            known = self._replayable[id(node)] = is_replayable(node)
+        return known
+
+    def _judge_cloneable(self, node: gs.Node) -> bool:
         if self.tg.is_backward(node) or node.op in SUBGRAPH_OPS:
             return False
         if any(self._written.get(t.name, id(node)) != id(node) for t in node.inputs if t.name):
@@ -258,7 +276,7 @@ class Planner:
         if not self._layout_free(node):
             return False
         if is_random(node):
-            return is_replayable(node)
+            return self.replayable(node)
         data_inputs = [t for t in node.inputs if t.name]
         return any(not isinstance(t, gs.Constant) for t in data_inputs)
 
@@ -620,7 +638,7 @@ class Planner:
 
     def _recomputable_outputs(self, node: gs.Node) -> list[gs.Tensor]:
         """Stashed outputs of ``node`` that a clone can reproduce (a dropout mask when not kept as bytes)."""
-        if is_replayable(node):
+        if self.replayable(node):
             outs = node.outputs[:1]
             if self.dropout == "seed" or self._packable(node):
                 outs = node.outputs[:2]
@@ -640,7 +658,7 @@ class Planner:
     def _redrawable(self, node: gs.Node) -> bool:
         """A replayable Dropout whose mask only ``DropoutGrad`` nodes read: with ``seed`` each becomes a
         Dropout of its gradient input with the same seed (:mod:`onnx_remat.remat.random_ops`)."""
-        if not is_replayable(node):
+        if not self.replayable(node):
             return False
         readers = node.outputs[1].outputs
         return bool(readers) and all(
@@ -650,7 +668,7 @@ class Planner:
     def _packable(self, node: gs.Node) -> bool:
         """A replayable Dropout whose mask can be packed: this opset and shape allow it, and a forward
         node reads its output (the packing runs before that reader, see the rewrite)."""
-        if self.dropout != "packed" or not is_replayable(node) or id(node) in self._keep_bytes:
+        if self.dropout != "packed" or not self.replayable(node) or id(node) in self._keep_bytes:
             return False
         if not can_pack(self.sizes.raw_dims(node.outputs[1].name), self._opset):
             return False
@@ -658,7 +676,7 @@ class Planner:
 
     def _is_mask(self, t: gs.Tensor) -> bool:
         p = producer(t)
-        return p is not None and is_replayable(p) and t is p.outputs[1]
+        return p is not None and self.replayable(p) and t is p.outputs[1]
 
     def _replays_output(self, node: gs.Node, inside: set[int], target_names: set[str]) -> bool:
         """Whether a segment recomputing ``node`` (a replayable Dropout) needs its output, and so its
@@ -702,7 +720,7 @@ class Planner:
             boundary=self._boundary(recompute, target_names),
             kept=unique_tensors(kept),
             dropout=self.dropout,
-            masks=[n.outputs[1] for n in recompute if is_replayable(n)],
+            masks=[n.outputs[1] for n in recompute if self.replayable(n)],
         )
 
     def _boundary(self, recompute: list[gs.Node], target_names: set[str]) -> list[gs.Tensor]:
@@ -710,7 +728,7 @@ class Planner:
         seen: dict[str, gs.Tensor] = {}
         for n in recompute:
             inputs = list(n.inputs)
-            if is_replayable(n):
+            if self.replayable(n):
                 if self.dropout == "byte" or (self.dropout == "packed" and not self._packable(n)):
                     inputs.append(n.outputs[1])  # the replay reads the mask stored as it is
                 elif not self._replays_output(n, inside, target_names):
@@ -719,7 +737,7 @@ class Planner:
                 if not t.name or t.name in seen:
                     continue
                 p = producer(t)
-                if p is None or id(p) not in inside or (is_replayable(n) and t is n.outputs[1]):
+                if p is None or id(p) not in inside or (self.replayable(n) and t is n.outputs[1]):
                     seen[t.name] = t
         return list(seen.values())
 
@@ -757,7 +775,7 @@ class Planner:
                     kept=unique_tensors([t for s in group for t in s.kept]),
                     notes=[f"merged {', '.join(s.label for s in group)}: they recompute shared nodes"],
                     dropout=self.dropout,
-                    masks=[n.outputs[1] for n in recompute if is_replayable(n)],
+                    masks=[n.outputs[1] for n in recompute if self.replayable(n)],
                 )
             )
         return merged

@@ -166,3 +166,25 @@ def test_segments_that_would_not_lower_memory_are_skipped(tmp_path):
 def test_nothing_selected_is_an_error(blocks10):
     with pytest.raises(RematError, match="nothing selected"):
         plan(blocks10)
+
+
+def test_the_planner_judges_each_node_once(monkeypatch):
+    """The budget model asks whether a node may be cloned, and whether it is a replayable Dropout,
+    for every option of its unit: each node is judged once, and the answers are the judgements."""
+    from onnx_remat.remat import plan as plan_module
+    from onnx_remat.remat.budget import BudgetPlanner
+    from onnx_remat.remat.plan import Planner
+
+    judged: list[int] = []
+    judge = Planner._judge_cloneable
+    monkeypatch.setattr(Planner, "_judge_cloneable", lambda self, n: judged.append(id(n)) or judge(self, n))
+    replays: list[int] = []
+    is_replayable = plan_module.is_replayable
+    monkeypatch.setattr(plan_module, "is_replayable", lambda n: replays.append(id(n)) or is_replayable(n))
+    planner = BudgetPlanner(analyze_model(artifacts_dir("blocks10")))
+    assert judged and len(judged) == len(set(judged))
+    assert replays and len(replays) == len(set(replays))
+    p = planner.model.planner
+    for n in planner.analysis.graph.order:
+        assert p.cloneable(n) == judge(p, n)
+        assert p.replayable(n) == is_replayable(n)
