@@ -871,9 +871,7 @@ class BudgetPlanner:
         self._schedules = {k: v for k, v in self._schedules.items() if keep is not None and v[0] is keep}
         if self._kept is not None and (keep is None or self._kept[0]._rewrite is not keep):
             self._kept = None
-        if self._chosen_ahead is not None and (keep is None or not _holds(self._chosen_ahead, keep)):
-            self._chosen_ahead[1].cancel()
-            self._chosen_ahead = None
+        self._stop_chosen_ahead(unless=keep)
 
     def scheduled(self, rewrite: RewriteResult | ParkedRewrite, *, check_ahead: bool = False) -> Scheduled:
         """The memory schedule of a plan's rewrite (as ``apply`` writes it; parked or not) and its
@@ -981,13 +979,9 @@ class BudgetPlanner:
         schedule is 12-16 s and its check 3 s, and the rounds after the plan is found (a solve at
         least) often as long: the check started when the schedule was taken kept ``apply`` waiting
         about 3 s at the end."""
-        current = self._chosen_ahead
         rewrite = bp._rewrite if bp is not None and self._speculate else None
-        if current is not None and rewrite is not None and _holds(current, rewrite):
+        if self._stop_chosen_ahead(unless=rewrite):
             return
-        if current is not None:
-            current[1].cancel()
-            self._chosen_ahead = None
         if (
             rewrite is None
             or id(rewrite) in self._schedules
@@ -995,6 +989,18 @@ class BudgetPlanner:
         ):
             return
         self._chosen_ahead = self._start_schedules([rewrite], check=True)
+
+    def _stop_chosen_ahead(self, *, unless: RewriteResult | ParkedRewrite | None) -> bool:
+        """Stop the schedule made ahead for the chosen plan unless it is ``unless``'s; returns
+        whether one is left running (``unless``'s)."""
+        ahead = self._chosen_ahead
+        if ahead is None:
+            return False
+        if unless is not None and _holds(ahead, unless):
+            return True
+        ahead[1].cancel()
+        self._chosen_ahead = None
+        return False
 
     def _release_in_child(self, rewrites: list[RewriteResult | ParkedRewrite]) -> None:
         """In the child scheduling ``rewrites`` ahead: let go of what only planning reads (the
@@ -1054,15 +1060,12 @@ class BudgetPlanner:
         try:
             result = self._plan_within(budget, base, refs, attempts, progress)
         except BaseException:
-            self._schedule_chosen_ahead(None)
+            self._stop_chosen_ahead(unless=None)
             raise
         finally:
             self._drop_ahead()
             self._speculate = False
-        chosen = result.chosen._rewrite
-        if self._chosen_ahead is not None and (chosen is None or not _holds(self._chosen_ahead, chosen)):
-            self._chosen_ahead[1].cancel()  # (beaten: what the caller schedules is another plan)
-            self._chosen_ahead = None
+        self._stop_chosen_ahead(unless=result.chosen._rewrite)  # (beaten: the caller schedules another plan)
         return result
 
     def _plan_within(
