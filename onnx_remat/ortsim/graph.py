@@ -26,6 +26,7 @@ FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 # Nodes common-subexpression elimination never merges and constant folding never evaluates: the
 # random ops, and DropoutGrad, which (like Dropout) onnxruntime treats as not deterministic.
 NOT_MERGED = RANDOM_OPS | {"DropoutGrad"}
+EVERY_NODE = -1  # in RuntimeGraph.touched: an edit that may have changed any node
 _INT64_MAX = 2**63 - 1
 _SHAPE_OP_TYPES = frozenset({"Shape", "Size"})  # (default domain) run right after their input's producer
 
@@ -108,6 +109,13 @@ class RuntimeGraph:
     # Counts every edit made through the methods below (and the passes' own edits of inputs and
     # outputs): the optimizer skips a pass that changed nothing when nothing changed since.
     edits: int = field(default=0, repr=False)
+    # The nodes edits added, removed or changed (op, inputs, outputs, attributes), by index, in the
+    # order edited (repeats kept; ``EVERY_NODE`` where an edit may have changed any node): a pass
+    # that keeps what its last walk found (``kept``) reads what changed since rather than walking
+    # the whole graph again. Node indices are never reused.
+    touched: list[int] = field(default_factory=list, repr=False)
+    # What a pass keeps between its walks of this graph, by the pass's name (see ``touched``).
+    kept: dict[str, object] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.graph_output_set = set(self.graph_outputs)
@@ -128,6 +136,7 @@ class RuntimeGraph:
         """Rebuild the producer / consumer maps (one entry per input occurrence)."""
         self._order = None
         self.edits += 1
+        self.touched.append(EVERY_NODE)  # called after edits made outside the methods below
         producer: dict[str, int] = {}
         consumers: dict[str, list[int]] = {}
         self.producer, self.consumers = producer, consumers
@@ -186,9 +195,15 @@ class RuntimeGraph:
 
     # -- edits that keep the maps consistent ------------------------------------------------
 
+    def touch(self, node: RuntimeNode) -> None:
+        """Log an edit a pass made to ``node`` itself, outside the methods below (its inputs,
+        outputs or attributes; the pass counts it in ``edits``)."""
+        self.touched.append(node.index)
+
     def remove(self, node: RuntimeNode) -> None:
         self._order = None
         self.edits += 1
+        self.touched.append(node.index)
         if self.nodes[node.index] is node:  # not counted twice if removed twice
             self._op_counts[(node.domain, node.op)] -= 1
         self.nodes[node.index] = None
@@ -209,6 +224,7 @@ class RuntimeGraph:
         node = RuntimeNode(len(self.nodes), name, op, domain, list(inputs), list(outputs), dict(attrs), tuple(origin))
         self.nodes.append(node)
         self.edits += 1
+        self.touched.append(node.index)
         self._op_counts[(domain, op)] += 1
         self._touch_readers(o for o in node.outputs if o)
         for o in node.outputs:
@@ -222,6 +238,7 @@ class RuntimeGraph:
     def replace_input(self, node: RuntimeNode, old: str, new: str) -> None:
         self._order = None
         self.edits += 1
+        self.touched.append(node.index)
         self._prods.pop(node.index, None)
         for k, t in enumerate(node.inputs):
             if t == old:

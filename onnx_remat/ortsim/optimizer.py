@@ -94,6 +94,10 @@ def optimize(
                     idle_at[k] = before
             if not changed:
                 break
+    # What passes kept between their walks (and the edit log they read it by) is of no use once
+    # the graph is optimized: freed here rather than held as long as the emulation.
+    rg.kept.clear()
+    rg.touched.clear()
     return rg
 
 

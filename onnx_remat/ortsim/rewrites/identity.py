@@ -33,6 +33,7 @@ def _eliminate_identity(rg: RuntimeGraph, node: RuntimeNode, rule: str = "Elimin
     rg.remove(node)  # counts as an edit (rg.edits) for the output moved below too
     k = prod.outputs.index(src)
     prod.outputs[k] = out
+    rg.touch(prod)
     rg._touch_readers([src, out])
     rg.producer.pop(src, None)
     rg.producer[out] = prod.index

@@ -281,6 +281,7 @@ class _Pusher:
             return
         rg = self.rg
         rg.edits += 1
+        rg.touch(node)
         rg._prods.pop(node.index, None)
         node.inputs[k] = new
         lst = rg.consumers.get(old)
@@ -302,6 +303,8 @@ class _Pusher:
         new = self.new_name(name.rsplit("/", 1)[-1] or "out")
         src.outputs[k] = new
         dst.outputs[j] = name
+        rg.touch(src)
+        rg.touch(dst)
         rg._touch_readers([name])
         rg.producer[name] = dst.index
         rg.producer[new] = src.index
@@ -469,6 +472,7 @@ class _Pusher:
             return self.cancel_transposes(transpose, node)
         self.set_input(node, 0, transpose.inputs[0])
         node.attrs["perm"] = _compose_perm(perm, node_perm)
+        self.rg.touch(node)
         node.origin = node.origin + transpose.origin
         if not self.rg.consumers.get(transpose.outputs[0]) and self.comprehensive(transpose.outputs[0]):
             self.remove(transpose)
@@ -519,6 +523,7 @@ class _Pusher:
             self.transpose_input(node, i, inv, perm)
         self.transpose_outputs(node, perm)
         node.attrs["axis"] = perm[axis]
+        self.rg.touch(node)
         return True
 
     def handle_squeeze(self, node: RuntimeNode, perm: list[int], inv: list[int]) -> bool:
@@ -547,6 +552,7 @@ class _Pusher:
     def set_axes(self, node: RuntimeNode, axes: list[int]) -> None:
         if self.opset < 13 or (node.op.startswith("Reduce") and node.op != "ReduceSum" and self.opset < 18):
             node.attrs["axes"] = list(axes)
+            self.rg.touch(node)
         else:
             self.set_input(node, 1, self.add_int64_initializer(axes))
 
