@@ -53,6 +53,7 @@ class Emulation:
     _plan: MemoryPlan | None = field(default=None, repr=False)
     _names: list[str] | None = field(default=None, repr=False)
     _by_name: dict[str, int] | None = field(default=None, repr=False)
+    _random: set[str] | None = field(default=None, repr=False)
 
     @property
     def plan(self) -> MemoryPlan:
@@ -125,9 +126,17 @@ class Emulation:
         read_by = sorted(o for t in node.outputs if t for i in self.rg.consumer_nodes(t) for o in self.rg.at(i).origin)
         return read_by == sorted(readers)
 
+    @property
+    def random_names(self) -> set[str]:
+        """Names of the model's random ops that draw from the global generator
+        (:func:`~onnx_remat.graph.random_order.random_ops`; read once, since every node is read)."""
+        if self._random is None:
+            self._random = {n.name for n in random_ops(self.model)}
+        return self._random
+
     def random_order(self) -> list[str]:
         """Names of the model's random ops that draw from the global generator, in the order they run."""
-        wanted = {n.name for n in random_ops(self.model)}
+        wanted = self.random_names
         return [name for name in self.names_in_order if name in wanted]
 
 
@@ -190,7 +199,7 @@ def keep_random_order(emulation: Emulation, wanted: Sequence[str]) -> tuple[Emul
     the data then enforces. Each pinned graph is emulated again (pins are nodes: they change the
     order and can block fusions).
     """
-    present = {n.name for n in random_ops(emulation.model)}
+    present = emulation.random_names
     wanted = [name for name in wanted if name in present]
     if len(wanted) < 2:
         return emulation, []
