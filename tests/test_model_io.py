@@ -47,6 +47,9 @@ def test_save_refuses_to_overwrite(tmp_path):
     model = onnx.load(str(artifacts_dir("fc5") / "training_model.onnx"))
     out = save_model(model, tmp_path / "m.onnx")
     before = out.read_bytes()
+    onnx.save_model(model, str(tmp_path / "by_onnx.onnx"))  # what onnx itself writes
+    assert (tmp_path / "by_onnx.onnx").read_bytes() == before
+    (tmp_path / "by_onnx.onnx").unlink()
     with pytest.raises(RematError, match="already exists; give --force"):
         save_model(model, out)
     for force in (False, True):  # an input is never written, --force or not
@@ -204,3 +207,51 @@ def test_critical_holds_a_signal_until_the_block_ends():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def test_all_tensors_are_onnxs_own_list():
+    """model_io's one-walk tensor list is onnx's ``_get_all_tensors`` (same tensors, same order):
+    initializers with subgraphs', attribute tensors, local functions' (whose subgraphs'
+    initializers onnx leaves out), and fields set against the attribute's declared type."""
+    from onnx import helper
+    from onnx.external_data_helper import _get_all_tensors
+
+    from onnx_remat.model_io import _all_tensors
+
+    def tensor(name: str) -> onnx.TensorProto:
+        return helper.make_tensor(name, onnx.TensorProto.FLOAT, [1], [1.0])
+
+    sub = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=tensor("in_sub"))],
+        "sub",
+        [],
+        [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [1])],
+        initializer=[tensor("sub_init")],
+    )
+    branch = helper.make_node("If", ["cond"], ["o"], then_branch=sub, else_branch=sub)
+    odd = helper.make_node("Relu", ["x"], ["r"])
+    odd.attribute.add(name="k", type=onnx.AttributeProto.INT, i=1).t.CopyFrom(tensor("typed_int_holding_t"))
+    function = helper.make_function(
+        "local",
+        "F",
+        ["cond"],
+        ["o"],
+        [branch, helper.make_node("Constant", [], ["k"], value_floats=[1.0], **{})],
+        [helper.make_opsetid("", 17)],
+    )
+    graph = helper.make_graph(
+        [branch, odd, helper.make_node("F", ["cond"], ["o2"], domain="local")],
+        "g",
+        [helper.make_tensor_value_info("cond", onnx.TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("o", onnx.TensorProto.FLOAT, [1])],
+        initializer=[tensor("init")],
+    )
+    model = helper.make_model(graph, functions=[function])
+    ours = [t.name for t in _all_tensors(model)]
+    assert ours == [t.name for t in _get_all_tensors(model)]
+    assert ours[:3] == ["init", "sub_init", "sub_init"] and "typed_int_holding_t" in ours
+    for name in ("blocks10", "gpt"):
+        shipped = onnx.load(str(artifacts_dir(name) / "training_model.onnx"))
+        assert [t.SerializeToString() for t in _all_tensors(shipped)] == [
+            t.SerializeToString() for t in _get_all_tensors(shipped)
+        ]
