@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import onnx
 
@@ -223,7 +224,6 @@ assert all(_OURS in m for m in (tags.CLONE_SUFFIX, tags.BARRIER_PREFIX, tags.UNP
 def regions_of(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> dict[str, str]:
     """Node name -> forward / backward / recompute, for ``analysis``'s graph or its rewrite ``model``
     (the nodes onnx-remat added, by their names: clones and barriers are "recompute")."""
-    tg = analysis.graph
     out: dict[str, str] = {}
     if model is not None:
         for proto in model.graph.node:
@@ -234,9 +234,16 @@ def regions_of(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) ->
                 out[name] = RECOMPUTE
             elif tags.is_accumulate_name(name):
                 out[name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
-    for n in tg.order:
-        if n.name and n.name not in out:
-            out[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
+    own = cast("dict[str, str] | None", analysis.memo.get("regions_of"))
+    if own is None:  # the analysed graph's own nodes: walked once per analysis
+        tg = analysis.graph
+        own = {}
+        for n in tg.order:
+            if n.name and n.name not in own:  # the first node of a name answers for it
+                own[n.name] = BACKWARD if tg.is_backward(n) else FORWARD
+        analysis.memo["regions_of"] = own
+    for name, region in own.items():
+        out.setdefault(name, region)
     return out
 
 
@@ -279,15 +286,19 @@ def estimate_rewritten(
 
 
 def scope_of_tensor(analysis: ModelAnalysis) -> dict[str, str]:
-    """Tensor name -> the module path of the forward node that makes it (for the peak listing)."""
-    out: dict[str, str] = {}
-    for n in analysis.graph.forward_nodes:
-        scope = analysis.scopes.scope_of(n)
-        if scope is not None and scope.path:
-            for o in n.outputs:
-                if o.name:
-                    out[o.name] = scope.path
-    return out
+    """Tensor name -> the module path of the forward node that makes it (for the peak listing).
+    A new dict; the walk is made once per analysis (``ModelAnalysis.memo``)."""
+    kept = cast("dict[str, str] | None", analysis.memo.get("scope_of_tensor"))
+    if kept is None:
+        kept = {}
+        for n in analysis.graph.forward_nodes:
+            scope = analysis.scopes.scope_of(n)
+            if scope is not None and scope.path:
+                for o in n.outputs:
+                    if o.name:
+                        kept[o.name] = scope.path
+        analysis.memo["scope_of_tensor"] = kept
+    return dict(kept)
 
 
 def check_dims(analysis: ModelAnalysis) -> None:

@@ -46,6 +46,10 @@ class ModelAnalysis:
     graph: TrainingGraph
     scopes: ScopeTree
     sizes: TensorSizes
+    # Answers to queries on this analysis alone that a command asks more than once (the regions
+    # and the scopes an estimate labels its steps with: a walk of every node), kept by the module
+    # that asks, under the query's name. The analysis does not change, so neither do they.
+    memo: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
     _emulation: Emulation | None = field(default=None, repr=False, compare=False)
     _moved: set[str] | None = field(default=None, repr=False, compare=False)
 

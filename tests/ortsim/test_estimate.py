@@ -297,3 +297,26 @@ def test_estimate_against_onnxruntime(name):
     assert abs(est.before.planned_peak_bytes / before - 1) <= 0.05
     assert abs(est.after.planned_peak_bytes / after - 1) <= 0.05
     assert abs(scheduled.estimate_after.planned_peak_bytes / alone - 1) <= 0.05
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt"])
+def test_estimate_labels_are_walked_once_per_analysis(name):
+    """regions_of and scope_of_tensor keep the walk over the analysed graph (ModelAnalysis.memo):
+    asked again, for the graph or for a rewrite of it, they give what a first walk gives, and each
+    answer is a new dict (a caller may change it)."""
+    import onnx_remat
+    from onnx_remat.analysis.model import analyze_model
+    from onnx_remat.memory import regions_of, scope_of_tensor
+
+    analysis = analyze_model(artifacts_dir(name))
+    rewrite = onnx_remat.apply(analysis, scopes=[MODELS[name].block_scope], schedule=False).model
+    first = (regions_of(analysis), regions_of(analysis, rewrite), scope_of_tensor(analysis))
+    assert set(analysis.memo) == {"regions_of", "scope_of_tensor"}
+    assert "recompute" in first[1].values() and set(first[0].values()) == {"forward", "backward"}
+    first[0].clear()
+    first[2].clear()
+    fresh = analyze_model(artifacts_dir(name))
+    again = (regions_of(analysis), regions_of(analysis, rewrite), scope_of_tensor(analysis))
+    assert again == (regions_of(fresh), regions_of(fresh, rewrite), scope_of_tensor(fresh))
+    assert list(again[1]) == list(regions_of(fresh, rewrite))  # the same order too
+    assert again[0] and again[2]
