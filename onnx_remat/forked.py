@@ -36,6 +36,10 @@ T = TypeVar("T")
 # is free.
 FORK_MIN_NODES = 30_000
 
+# The largest model a forked child sends back whole (a rewrite, pickled: the budget planner's
+# reference plans, RecomputeRewrite on a large graph). Above it the work stays in the command.
+PORTABLE_MODEL_MAX_BYTES = 256 * 2**20
+
 _VALUE, _FAILED = b"V", b"X"
 
 _in_child = False  # set in a child of fork_child: it forks no child of its own
@@ -102,11 +106,21 @@ class Forked(Generic[T]):
         self._done = False
 
     @classmethod
-    def start(cls, compute: Callable[[], T], *, cleanup: Callable[[], None] | None = None) -> Forked[T]:
+    def start(
+        cls,
+        compute: Callable[[], T],
+        *,
+        cleanup: Callable[[], None] | None = None,
+        child: Callable[[], T] | None = None,
+    ) -> Forked[T]:
         """Start ``compute`` in a forked child (computed here and now where there is no ``fork``).
         ``cleanup`` runs here once the child is gone, whether its value was taken or it was
-        stopped: it removes what the child may have left (a file a stopped child was writing)."""
-        started = fork_child(lambda fd: _answer(fd, compute))
+        stopped: it removes what the child may have left (a file a stopped child was writing).
+        ``child``: what the child computes instead, the same value by a way only a child may take
+        (it edits state the parent keeps, in the child's own copy of it); ``compute`` is then what
+        this process computes where there is no child, or where the child failed."""
+        in_child = child if child is not None else compute
+        started = fork_child(lambda fd: _answer(fd, in_child))
         if started is None:
             value = compute()
             if cleanup is not None:
@@ -186,6 +200,11 @@ def large_graph(nodes: int) -> bool:
     """Whether a graph of ``nodes`` nodes is large enough for work beside the command's own: above
     :data:`FORK_MIN_NODES` (read when asked, so a test can lower it)."""
     return nodes > FORK_MIN_NODES
+
+
+def in_forked_child() -> bool:
+    """Whether this process is a child of :func:`fork_child` (its state is its own copy)."""
+    return _in_child
 
 
 def worth_running_beside(nodes: int) -> bool:

@@ -290,7 +290,9 @@ def test_on_a_large_graph_the_recompute_outputs_reference_is_planned_in_a_child(
     refs = [(r.source, r.peak, r.cost, r.clones, r.observed) for r in beside_it.references()]
     assert refs == refs_alone and beside_it.reference_notes == alone.reference_notes
     assert len(refs) == (2 if staged_limit == 20 else 1)
-    assert len(started) == 2  # the costs beside the original's emulation, then the reference
+    # the costs beside the original's emulation, then the reference, and the per-layer reference's
+    # rewrite (in a child of its own: RecomputeRewrite on a large graph)
+    assert len(started) == 3
     # the parent plans it only to have it in its own nodes
     assert plans == ([PARENT] if staged_limit == 20 else [])
     if staged_limit == 1:

@@ -34,6 +34,7 @@ import gc
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -171,7 +172,7 @@ class ModelGraph:
             values = d.get("_values")
             if values is not None and not isinstance(values, (LazyValues, SparseValues)):
                 if sources is None:
-                    sources = {p.name: p for p in self._source.graph.initializer}
+                    sources = self._initializers()
                 proto = sources.get(t.name)
                 if proto is not None:
                     d["_values"] = LazyValues(proto)
@@ -219,6 +220,30 @@ class ModelGraph:
             id(nodes[k]): NodeExtras(e.doc_string, dict(e.metadata)) for k, e in self._extras.items() if k in nodes
         }
         return GraphCopy(ModelGraph._of(self._source, g, extras), nodes, tensors)
+
+    def _initializers(self) -> dict[str, onnx.TensorProto]:
+        return {p.name: p for p in self._source.graph.initializer}
+
+    def unread_constants(self) -> None:
+        """Give each constant whose values were read since the import its lazy reference to the
+        source's TensorProto again (reading ``Constant.values`` replaces it with an array), so that
+        :meth:`to_model` writes it as after a fresh import: for a graph edited in place (a forked
+        child's own copy of it), what :meth:`copy` does for its copy."""
+        sources: dict[str, onnx.TensorProto] | None = None
+        graph = self.graph
+        seen: set[int] = set()
+        for tensors in chain((graph.inputs,), ((*n.inputs, *n.outputs) for n in graph.nodes), (graph.outputs,)):
+            for t in tensors:
+                if type(t) is not gs.Constant or id(t) in seen:
+                    continue
+                seen.add(id(t))
+                if isinstance(t._values, (LazyValues, SparseValues)):
+                    continue
+                if sources is None:
+                    sources = self._initializers()
+                proto = sources.get(t.name)
+                if proto is not None:
+                    t._values = LazyValues(proto)
 
     def _imported_again(self) -> GraphCopy:
         """The copy for graphs :meth:`copy` does not copy: node i is node i, tensors match by name."""

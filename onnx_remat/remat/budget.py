@@ -50,7 +50,7 @@ import onnx
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
-from onnx_remat.forked import Forked, beside, worth_running_beside
+from onnx_remat.forked import PORTABLE_MODEL_MAX_BYTES, Forked, beside, worth_running_beside
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.check_process import CHECK_FILE_PREFIX, CheckProcess, CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation
@@ -260,10 +260,6 @@ class BudgetPlan:
             "choices": self.choices,
             "model_budget_bytes": self.model_budget,
         }
-
-
-# The largest model a forked child sends back whole (a rewrite, pickled: _reference_plans).
-PORTABLE_MODEL_MAX_BYTES = 256 * 2**20
 
 
 def _holds(ahead: Ahead, rewrite: RewriteResult | ParkedRewrite) -> bool:

@@ -2,9 +2,9 @@
 
 Input: a :class:`~onnx_remat.analysis.regions.TrainingGraph` and a
 :class:`~onnx_remat.remat.plan.RecomputePlan` built on it. Output: a :class:`RewriteResult` with a new
-``onnx.ModelProto``. Functional: the pass edits a fresh copy of the graph, so neither the input
-ModelProto nor the TrainingGraph (nor the plan) changes, and one analysis serves any number of
-rewrites.
+``onnx.ModelProto``. Functional: the pass edits a fresh copy of the graph (on a large graph, the
+graph itself in a forked child, whose graph is its own), so neither the input ModelProto nor the
+TrainingGraph (nor the plan) changes, and one analysis serves any number of rewrites.
 
 For every segment the pass
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import onnx
@@ -48,6 +49,7 @@ import onnx_graphsurgeon as gs
 
 from onnx_remat import __version__
 from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
+from onnx_remat.forked import PORTABLE_MODEL_MAX_BYTES, Forked, in_forked_child, worth_running_beside
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import MS_DOMAIN
 from onnx_remat.ortsim.kernels import written_inputs
@@ -141,6 +143,27 @@ def _working_copy(tg: TrainingGraph, plan: RecomputePlan) -> tuple[TrainingGraph
     return work, dataclasses.replace(plan, segments=segments)
 
 
+@dataclass
+class _Sent:
+    """A :class:`RewriteResult` as a forked child sends it: its segments by their index in the plan
+    (a plan's segment holds graphsurgeon objects of the whole graph, which the parent has)."""
+
+    result: RewriteResult
+    segments: list[int]
+
+    @classmethod
+    def of(cls, result: RewriteResult, plan: RecomputePlan) -> _Sent:
+        index = {id(s): k for k, s in enumerate(plan.segments)}
+        unhooked = [dataclasses.replace(r, segment=cast(Segment, None)) for r in result.segments]
+        return cls(dataclasses.replace(result, segments=unhooked), [index[id(r.segment)] for r in result.segments])
+
+    def received(self, plan: RecomputePlan) -> RewriteResult:
+        """The result, its segments those of ``plan`` (the plan it was made by, in this process)."""
+        sent = zip(self.result.segments, self.segments)
+        segments = [dataclasses.replace(r, segment=plan.segments[k]) for r, k in sent]
+        return dataclasses.replace(self.result, segments=segments)
+
+
 def check_not_rewritten(tg: TrainingGraph) -> None:
     """Raise :class:`RematError` if onnx-remat's rewrite already added nodes to this graph."""
     from onnx_remat.errors import RematError
@@ -176,8 +199,24 @@ class RecomputeRewrite:
         self.fence = fence
 
     def __call__(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
-        """Rewrite a copy of ``tg``'s graph by ``plan`` (made on ``tg``); ``tg`` stays as it was."""
+        """Rewrite a copy of ``tg``'s graph by ``plan`` (made on ``tg``); ``tg`` stays as it was.
+
+        On a large graph (:func:`~onnx_remat.forked.worth_running_beside`) the rewrite is made in a
+        forked child, on the child's own copy of ``tg`` from the fork, edited in place and let go
+        with the child: copying the graph and freeing the copy took 2.4 s of a 10^5-node rewrite,
+        sending the result back 0.4 s. Where the child fails, it is made here on a copy.
+        """
         self.requires(tg, plan)
+        if worth_running_beside(len(tg.order)) and tg.mg.source.ByteSize() <= PORTABLE_MODEL_MAX_BYTES:
+            sent = Forked.start(
+                lambda: _Sent.of(self._on_copy(tg, plan), plan),
+                child=lambda: _Sent.of(self._in_place(tg, plan), plan),
+            ).result()
+            return sent.received(plan)
+        return self._on_copy(tg, plan)
+
+    def _on_copy(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
+        """The rewrite on a copy of ``tg`` (:func:`_working_copy`), which is then let go."""
         work, work_plan = _working_copy(tg, plan)
         result = self.call(work, work_plan)
         self.ensures(work, result)
@@ -191,6 +230,15 @@ class RecomputeRewrite:
         for kept in (self._constants, self._anchored, self._anchors, self._packs_nodes, self._packs, self._copied):
             kept.clear()
         work.mg.release()
+        return result
+
+    def _in_place(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
+        """The rewrite on ``tg`` itself: only in a forked child, whose ``tg`` is its own."""
+        if not in_forked_child():
+            raise RuntimeError("RecomputeRewrite._in_place edits the caller's graph: only a forked child may")
+        tg.mg.unread_constants()  # written as on a copy (ModelGraph.copy)
+        result = self.call(tg, plan)
+        self.ensures(tg, result)
         return result
 
     # -- preconditions -------------------------------------------------------------------------

@@ -91,6 +91,17 @@ def test_a_constant_read_since_the_import_is_copied_as_imported():
     assert isinstance(new._values, LazyValues) and new._values.tensor.name == constant.name
 
 
+
+def test_unread_constants_gives_read_constants_their_lazy_reference_again():
+    model = onnx.load(str(ARTIFACTS / "gpt" / "training_model.onnx"))
+    mg = ModelGraph(model)
+    constants = [t for t in mg.graph.tensors().values() if isinstance(t, gs.Constant)]
+    for t in constants[::2]:
+        _ = t.values  # replaces the lazy reference with an array
+    mg.unread_constants()
+    assert all(isinstance(t._values, LazyValues) and t._values.tensor.name == t.name for t in constants)
+    assert mg.to_model().SerializeToString() == ModelGraph(model).to_model().SerializeToString()
+
 @pytest.mark.parametrize("name", ["blocks10", "gpt", "resnet"])
 def test_copied_analysis_is_the_analysis_of_the_copy(name):
     tg = analyze_model(ARTIFACTS / name).graph

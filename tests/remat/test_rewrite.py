@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from conftest import artifacts_dir
 
@@ -114,3 +116,51 @@ def test_without_barrier_clones_read_the_originals():
     assert not any(tags.is_barrier_name(n.name) for n in naive.model.graph.node)
     div = next(n for n in naive.model.graph.node if n.name == "/blocks.4/Div/remat")
     assert div.input[0] == "/blocks.3/MatMul_1_output_0"
+
+
+def test_a_rewrite_in_a_forked_child_is_the_rewrite_on_a_copy(monkeypatch):
+    """On a large graph the rewrite edits the graph in place in a forked child (no copy): same model,
+    same segments (the caller's plan's own), the caller's analysis untouched; a failed child's
+    rewrite is made here, on a copy."""
+    from onnx_remat import forked
+    from onnx_remat.forked import Forked
+    from onnx_remat.remat.apply import plan as make_plan
+
+    analysis = analyze_model(artifacts_dir("blocks10"))
+    # Constants whose values were read (an array now, not the source's TensorProto) are written as a
+    # fresh import writes them, in the child as on a copy: read them all.
+    constants = [t for t in analysis.graph.tensors.values() if isinstance(t, gs.Constant)]
+    assert all(isinstance(t.values, np.ndarray) for t in constants)
+    assert constants
+    plan = make_plan(analysis, scopes="Block")
+    before = analysis.graph.mg.to_model().SerializeToString()
+    on_copy = RecomputeRewrite()(analysis.graph, plan)
+
+    children = []
+    start = Forked.start.__func__  # type: ignore[attr-defined]
+
+    def counted(cls, compute, **kw):
+        children.append(kw.get("child"))
+        return start(cls, compute, **kw)
+
+    monkeypatch.setattr(Forked, "start", classmethod(counted))
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    in_child = RecomputeRewrite()(analysis.graph, plan)
+    assert len(children) == 1 and children[0] is not None
+
+    def failing(self, tg, plan):
+        raise RuntimeError("the child fails")
+
+    monkeypatch.setattr(RecomputeRewrite, "_in_place", failing)
+    after_failure = RecomputeRewrite()(analysis.graph, plan)
+    assert len(children) == 2
+    for result in (in_child, after_failure):
+        assert result.model.SerializeToString() == on_copy.model.SerializeToString()
+        assert [s.summary() for s in result.segments] == [s.summary() for s in on_copy.segments]
+        assert [s.segment for s in result.segments] == plan.segments
+        assert all(s.segment is p for s, p in zip(result.segments, plan.segments))
+        assert (result.fences, result.packed_masks) == (on_copy.fences, on_copy.packed_masks)
+    assert analysis.graph.mg.to_model().SerializeToString() == before
+    monkeypatch.undo()
+    with pytest.raises(RuntimeError, match="only a forked child"):
+        RecomputeRewrite()._in_place(analysis.graph, plan)
