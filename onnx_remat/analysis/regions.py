@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from onnx_remat.errors import ForwardOnlyGraph, RematError
-from onnx_remat.graph.bridge import GraphCopy, ModelGraph
+from onnx_remat.graph.bridge import GraphCopy, ModelGraph, tensor_map
 from onnx_remat.graph.conventions import (
     ACCUMULATOR_OPS,
     GRAD_SUFFIX,
@@ -143,7 +143,7 @@ def analyze(mg: ModelGraph) -> TrainingGraph:
     graph = mg.graph
     order = stable_toposort(graph.nodes)
     position = {id(n): i for i, n in enumerate(order)}
-    tensors = graph.tensors()
+    tensors = tensor_map(graph)
 
     seed, loss = _find_seed_and_loss(graph, tensors)
     marked = [

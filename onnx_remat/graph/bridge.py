@@ -386,6 +386,32 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     )
 
 
+def tensor_map(graph: gs.Graph) -> dict[str, gs.Tensor]:
+    """``graph.tensors()``: name -> tensor for every tensor of the graph's inputs, its nodes'
+    inputs and outputs (node by node) and its outputs, in that order, empty names left out.
+
+    graphsurgeon's makes two calls per edge (0.35 s at 10^5 nodes, at every import analysis and
+    export); this one none. Where two distinct tensors share a name, graphsurgeon's own is returned:
+    it warns, and the later one is kept."""
+    found: dict[str, gs.Tensor] = {}
+    keep = found.setdefault
+    for t in graph.inputs:
+        if keep(t.name, t) is not t and t.name:
+            return graph.tensors()
+    for node in graph.nodes:
+        for t in node.inputs:
+            if keep(t.name, t) is not t and t.name:
+                return graph.tensors()
+        for t in node.outputs:
+            if keep(t.name, t) is not t and t.name:
+                return graph.tensors()
+    for t in graph.outputs:
+        if keep(t.name, t) is not t and t.name:
+            return graph.tensors()
+    found.pop("", None)
+    return found
+
+
 def _new_variable(name: str, dtype=None, shape=None, type: str = "tensor_type") -> gs.Variable:
     """``gs.Variable(name, dtype, shape, type)`` without its constructor (see :func:`import_graph`)."""
     v = object.__new__(gs.Variable)
@@ -481,8 +507,8 @@ def _export_graph(graph: gs.Graph, extras: dict[int, NodeExtras], src: onnx.Grap
     out.input.extend(_restored_value_infos(graph.inputs, src.input))
     out.output.extend(_restored_value_infos(graph.outputs, src.output))
 
-    tensor_map = graph.tensors()
-    constants = [t for t in tensor_map.values() if isinstance(t, gs.Constant)]
+    tensors = tensor_map(graph)
+    constants = [t for t in tensors.values() if isinstance(t, gs.Constant)]
     sparse = [t for t in constants if isinstance(t._values, SparseValues)]
     out.initializer.extend(
         _initializers([t for t in constants if not isinstance(t._values, SparseValues)], src.initializer)
@@ -492,12 +518,12 @@ def _export_graph(graph: gs.Graph, extras: dict[int, NodeExtras], src: onnx.Grap
     # value_info: the source's as it was (edits never delete tensors), then the new tensors' in
     # graphsurgeon's order (tensor map order, graph inputs and outputs and unknown types left out)
     for t in graph.inputs + graph.outputs:
-        tensor_map.pop(t.name, None)
+        tensors.pop(t.name, None)
     known = {vi.name for vi in src.value_info}
     out.value_info.extend(src.value_info)
     elem_types: dict[object, int] = {}
     infos = out.value_info
-    for name, t in tensor_map.items():
+    for name, t in tensors.items():
         if name in known or not isinstance(t, gs.Variable) or (t.dtype is None and t.shape is None):
             continue
         if _plain(t):

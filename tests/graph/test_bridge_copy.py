@@ -13,7 +13,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 import onnx_remat
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.analysis.regions import analyze
-from onnx_remat.graph.bridge import ModelGraph, _value_info
+from onnx_remat.graph.bridge import ModelGraph, _value_info, tensor_map
 
 MODELS = ("blocks10", "blocks10_dynamo", "fc5", "gpt", "resnet")
 FILES = [f"{m}/{f}_model.onnx" for m in MODELS for f in ("training", "eval", "optimizer")]
@@ -91,7 +91,6 @@ def test_a_constant_read_since_the_import_is_copied_as_imported():
     assert isinstance(new._values, LazyValues) and new._values.tensor.name == constant.name
 
 
-
 def test_unread_constants_gives_read_constants_their_lazy_reference_again():
     model = onnx.load(str(ARTIFACTS / "gpt" / "training_model.onnx"))
     mg = ModelGraph(model)
@@ -101,6 +100,7 @@ def test_unread_constants_gives_read_constants_their_lazy_reference_again():
     mg.unread_constants()
     assert all(isinstance(t._values, LazyValues) and t._values.tensor.name == t.name for t in constants)
     assert mg.to_model().SerializeToString() == ModelGraph(model).to_model().SerializeToString()
+
 
 @pytest.mark.parametrize("name", ["blocks10", "gpt", "resnet"])
 def test_copied_analysis_is_the_analysis_of_the_copy(name):
@@ -257,3 +257,25 @@ def test_import_graph_keeps_graphsurgeons_precedence_for_odd_graphs():
     assert _edges(ours) == _edges(theirs)
     assert _tensor_fields(ours) == _tensor_fields(theirs)
     assert [repr(n.attrs) for n in ours.nodes] == [repr(n.attrs) for n in theirs.nodes]
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt", "resnet"])
+def test_tensor_map_is_graphsurgeons(name):
+    mg = ModelGraph(onnx.load(str(ARTIFACTS / name / "training_model.onnx"), load_external_data=False))
+    assert list(tensor_map(mg.graph).items()) == list(mg.graph.tensors().items())
+
+
+def test_tensor_map_of_odd_graphs_is_graphsurgeons():
+    x, y, z = gs.Variable("x", np.float32), gs.Variable("y", np.float32), gs.Variable("z", np.float32)
+    empty = [gs.Variable(""), gs.Variable("")]  # omitted optional inputs: no tensor
+    graph = gs.Graph(
+        nodes=[gs.Node("Dropout", inputs=[x, *empty], outputs=[y]), gs.Node("Relu", inputs=[y], outputs=[z])],
+        inputs=[x],
+        outputs=[z, y],
+    )
+    assert list(tensor_map(graph).items()) == list(graph.tensors().items()) == [("x", x), ("y", y), ("z", z)]
+    twin = gs.Variable("y", np.float32)  # a distinct tensor of the same name: graphsurgeon warns, keeps the last
+    graph.nodes.append(gs.Node("Relu", inputs=[z], outputs=[twin]))
+    graph.outputs = [z]
+    assert list(tensor_map(graph).items()) == list(graph.tensors().items())
+    assert tensor_map(graph)["y"] is twin
