@@ -756,22 +756,27 @@ class RecomputeRewrite:
     def ensures(self, tg: TrainingGraph, result: RewriteResult) -> None:
         """Check the guarantees in the module docstring on the rewritten graph; raise on violation."""
         nodes = tg.graph.nodes
-        produced_at: dict[str, int] = {}
+        produced: set[str] = set()
         names: set[str] = set()
-        for i, node in enumerate(nodes):
+        # One walk: an input not produced before its reader (a graph input, or one produced later:
+        # the order is broken) is looked up once the walk has seen every output.
+        unproduced: list[tuple[str, str]] = []
+        for node in nodes:
+            for t in node.inputs:
+                if t.name and t.name not in produced:
+                    unproduced.append((t.name, node.name))
             for out in node.outputs:
                 if out.name:
-                    if out.name in produced_at:
+                    if out.name in produced:
                         raise RuntimeError(f"rewrite produced tensor {out.name!r} twice")
-                    produced_at[out.name] = i
-        for i, node in enumerate(nodes):
-            for t in node.inputs:
-                if t.name in produced_at and produced_at[t.name] >= i:
-                    raise RuntimeError(f"rewrite broke the topological order at node {node.name!r}")
+                    produced.add(out.name)
             if tags.is_clone_name(node.name) or tags.is_barrier_name(node.name):
                 if node.name in names:
                     raise RuntimeError(f"rewrite produced node name {node.name!r} twice")
                 names.add(node.name)
+        for name, reader in unproduced:
+            if name in produced:
+                raise RuntimeError(f"rewrite broke the topological order at node {reader!r}")
         by_name = {n.name: n for n in nodes if n.name}
         for seg in result.segments:
             for t in seg.segment.targets:

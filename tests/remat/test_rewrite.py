@@ -164,3 +164,30 @@ def test_a_rewrite_in_a_forked_child_is_the_rewrite_on_a_copy(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(RuntimeError, match="only a forked child"):
         RecomputeRewrite()._in_place(analysis.graph, plan)
+
+
+@pytest.mark.parametrize("broken", ["order", "tensor", "name"])
+def test_ensures_refuses_a_broken_rewrite(broken):
+    from onnx_remat.remat.apply import plan as make_plan
+    from onnx_remat.remat.rewrite import _working_copy
+
+    analysis = analyze_model(artifacts_dir("blocks10"))
+    work, work_plan = _working_copy(analysis.graph, make_plan(analysis, scopes="Block"))
+    rewrite = RecomputeRewrite()
+    result = rewrite.call(work, work_plan)
+    rewrite.ensures(work, result)  # as made
+    nodes = work.graph.nodes
+    clones = [k for k, n in enumerate(nodes) if tags.is_clone_name(n.name)]
+    if broken == "order":  # a clone after the node reading it
+        k = next(k for k in clones if nodes[k].outputs[0].outputs)
+        reader = max(nodes.index(r) for r in nodes[k].outputs[0].outputs)
+        nodes.insert(reader, nodes.pop(k))
+        match = "topological order"
+    elif broken == "tensor":
+        nodes[clones[1]].outputs[0].name = nodes[clones[0]].outputs[0].name
+        match = "produced tensor .* twice"
+    else:
+        nodes[clones[1]].name = nodes[clones[0]].name
+        match = "produced node name .* twice"
+    with pytest.raises(RuntimeError, match=match):
+        rewrite.ensures(work, result)
