@@ -61,8 +61,20 @@ if TYPE_CHECKING:
     from onnx_remat.memory import MemoryEstimate
 
 DEFAULT_ACCUMULATION = "inplace"
+
+
+@dataclass(frozen=True)
+class PredictedPeak:
+    """What a forked child sends back of an order's memory plan: its planned peak. A whole plan is
+    an object per tensor, 0.5-0.9 s to send at 10^5 nodes; the plan of an order that is written
+    is made by the written graph's emulation (:meth:`~onnx_remat.ortsim.emulation.Emulation.plan`),
+    which a plan made here would have saved (:meth:`~onnx_remat.ortsim.emulation.Emulation.adopt_plan`)."""
+
+    planned_peak_bytes: int
+
+
 # An order predicted on an emulated graph (node indices of that graph) and its memory plan.
-Prediction = tuple[list[int], MemoryPlan]
+Prediction = tuple[list[int], MemoryPlan | PredictedPeak]
 
 
 @dataclass
@@ -220,11 +232,11 @@ class MemorySchedule:
             written = placer.write(positions) if positions is not None else g.model
             checking = self._check_ahead(written)
             emulated = emulate(written, g.sizes, shapes_known=True)
-            if prediction is not None:
+            if prediction is not None and isinstance(prediction[1], MemoryPlan):
                 # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
                 # the node list's order); where it runs exactly what was predicted, the predicted
                 # plan is its plan.
-                emulated.adopt_plan(g.rg, *prediction)
+                emulated.adopt_plan(g.rg, prediction[0], prediction[1])
             checked, pins = keep_random_order(emulated, wanted_random)
             cand.planned_peak_bytes = checked_lists[key] = checked.planned_peak_bytes
             if best is None or checked.planned_peak_bytes < best[1].planned_peak_bytes:
@@ -293,7 +305,7 @@ def check_scheduled(result: ScheduleResult | None, model: onnx.ModelProto, where
 
 # What a list scheduler's policy predicts for a graph: the policy, the rank it gives the graph's
 # leaves, the order onnxruntime would then run, and that order's memory plan.
-PolicyPrediction = tuple[str, dict[int, int], list[int], MemoryPlan]
+PolicyPrediction = tuple[str, dict[int, int], list[int], MemoryPlan | PredictedPeak]
 
 
 def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction]:
@@ -303,12 +315,13 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     emulation makes anyway): an order's plan is made once. Each policy's order and plan take about
     2 s at 10^5 nodes, and depend on the graph alone: on a large graph the last policy is predicted
     in a forked child (:class:`onnx_remat.forked.Forked`) while this process makes the emulation's
-    own plan and predicts the others. The child's orders are matched against those
-    here, so an order's plan is still one object, and the predictions are the sequential ones."""
+    own plan and predicts the others. The child sends back its order and planned peak
+    (:class:`PredictedPeak`), not its plan. Its orders are matched against those here, so an order
+    planned here keeps its plan, and the predictions' orders and peaks are the sequential ones."""
     scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added)
     ends = set(leaf_orders.leaves)
 
-    def known(plans: list[Prediction], predicted: list[int]) -> MemoryPlan | None:
+    def known(plans: list[Prediction], predicted: list[int]) -> MemoryPlan | PredictedPeak | None:
         return next((p for o, p in plans if o == predicted), None)
 
     def predict(some: Sequence[str], plans: list[Prediction]) -> list[PolicyPrediction]:
@@ -326,7 +339,14 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
 
     if not worth_running_beside(len(g.order)) or len(policies) < 2:
         return predict(policies, [(g.order, g.plan)])
-    with Forked.start(lambda: predict(policies[-1:], [])) as rest:
+
+    def predicted_in_child() -> list[PolicyPrediction]:
+        return [
+            (p, rank, order, PredictedPeak(plan.planned_peak_bytes))
+            for p, rank, order, plan in predict(policies[-1:], [])
+        ]
+
+    with Forked.start(predicted_in_child) as rest:
         plans: list[Prediction] = [(g.order, g.plan)]
         out = predict(policies[:-1], plans)
         for policy, rank, predicted, plan in rest.result():
