@@ -143,11 +143,15 @@ class ModelGraph:
         a lazy reference again, so the copy exports them as a fresh import would. Graphs with
         subgraphs or local functions, whose tensors span several graphs, are imported again.
         """
-        graph = self.graph
-        if graph.functions or any(isinstance(v, gs.Graph) for n in graph.nodes for v in n.attrs.values()):
+        if self.spans_graphs():
             return self._imported_again()
         with _gc_paused():
             return self._copied()
+
+    def spans_graphs(self) -> bool:
+        """Whether the graph has subgraphs or local functions (:meth:`copy` imports it again)."""
+        graph = self.graph
+        return bool(graph.functions) or any(isinstance(v, gs.Graph) for n in graph.nodes for v in n.attrs.values())
 
     def _copied(self) -> GraphCopy:
         # Objects are made with __new__ and their __dict__ filled: the constructors and
@@ -228,7 +232,8 @@ class ModelGraph:
         """Give each constant whose values were read since the import its lazy reference to the
         source's TensorProto again (reading ``Constant.values`` replaces it with an array), so that
         :meth:`to_model` writes it as after a fresh import: for a graph edited in place (a forked
-        child's own copy of it), what :meth:`copy` does for its copy."""
+        child's own copy of it), what :meth:`copy` does for its copy. The graph's own tensors: a
+        graph that :meth:`spans_graphs` is not edited in place."""
         sources: dict[str, onnx.TensorProto] | None = None
         graph = self.graph
         seen: set[int] = set()

@@ -233,9 +233,12 @@ class RecomputeRewrite:
         return result
 
     def _in_place(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
-        """The rewrite on ``tg`` itself: only in a forked child, whose ``tg`` is its own."""
+        """The rewrite on ``tg`` itself: only in a forked child, whose ``tg`` is its own (one whose graph
+        has subgraphs or local functions: on a copy, as a fresh import of it)."""
         if not in_forked_child():
             raise RuntimeError("RecomputeRewrite._in_place edits the caller's graph: only a forked child may")
+        if tg.mg.spans_graphs():  # copied by importing it again: written as that import writes it
+            return self._on_copy(tg, plan)
         tg.mg.unread_constants()  # written as on a copy (ModelGraph.copy)
         result = self.call(tg, plan)
         self.ensures(tg, result)

@@ -191,3 +191,22 @@ def test_ensures_refuses_a_broken_rewrite(broken):
         match = "produced node name .* twice"
     with pytest.raises(RuntimeError, match=match):
         rewrite.ensures(work, result)
+
+
+def test_a_graph_spanning_graphs_is_rewritten_on_a_copy_in_the_child_too(monkeypatch):
+    """ModelGraph.copy imports a graph with subgraphs or local functions again; the forked child's
+    rewrite of one is made on such a copy too, not in place."""
+    from onnx_remat import forked
+    from onnx_remat.graph.bridge import ModelGraph
+    from onnx_remat.remat.apply import plan as make_plan
+
+    analysis = analyze_model(artifacts_dir("blocks10"))
+    plan = make_plan(analysis, scopes="Block")
+    before = analysis.graph.mg.to_model().SerializeToString()
+    monkeypatch.setattr(ModelGraph, "spans_graphs", lambda self: True)
+    monkeypatch.setattr(forked, "_in_child", True)  # as in a forked child, without the fork
+    result = RecomputeRewrite()._in_place(analysis.graph, plan)
+    assert analysis.graph.mg.to_model().SerializeToString() == before  # not edited in place
+    monkeypatch.undo()
+    on_copy = RecomputeRewrite()(analysis.graph, plan)
+    assert result.model.SerializeToString() == on_copy.model.SerializeToString()
