@@ -27,7 +27,10 @@ import os
 import pickle
 import signal
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import onnx
 
 T = TypeVar("T")
 
@@ -211,6 +214,13 @@ def worth_running_beside(nodes: int) -> bool:
     """Whether work on a graph of ``nodes`` nodes runs beside the command's own, in a forked child:
     on a :func:`large_graph`, unless this process is such a child already."""
     return large_graph(nodes) and not _in_child
+
+
+def worth_sending_back(model: onnx.ModelProto) -> bool:
+    """Whether a rewrite of ``model`` is made in a forked child that sends the rewritten model back
+    whole: a :func:`worth_running_beside` graph whose model is at most
+    :data:`PORTABLE_MODEL_MAX_BYTES` (its weights are inside it)."""
+    return worth_running_beside(len(model.graph.node)) and model.ByteSize() <= PORTABLE_MODEL_MAX_BYTES
 
 
 def beside(compute: Callable[[], T], nodes: int) -> Forked[T]:

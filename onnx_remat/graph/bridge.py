@@ -34,7 +34,6 @@ import gc
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import chain
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -235,9 +234,8 @@ class ModelGraph:
         child's own copy of it), what :meth:`copy` does for its copy. The graph's own tensors: a
         graph that :meth:`spans_graphs` is not edited in place."""
         sources: dict[str, onnx.TensorProto] | None = None
-        graph = self.graph
         seen: set[int] = set()
-        for tensors in chain((graph.inputs,), ((*n.inputs, *n.outputs) for n in graph.nodes), (graph.outputs,)):
+        for tensors in _tensor_lists(self.graph):
             for t in tensors:
                 if type(t) is not gs.Constant or id(t) in seen:
                     continue
@@ -395,26 +393,27 @@ def tensor_map(graph: gs.Graph) -> dict[str, gs.Tensor]:
     """``graph.tensors()``: name -> tensor for every tensor of the graph's inputs, its nodes'
     inputs and outputs (node by node) and its outputs, in that order, empty names left out.
 
-    graphsurgeon's makes two calls per edge (0.35 s at 10^5 nodes, at every import analysis and
-    export); this one none. Where two distinct tensors share a name, graphsurgeon's own is returned:
-    it warns, and the later one is kept."""
+    graphsurgeon's makes two calls per edge, this one none: 0.40 s against 0.25 s at 10^5 nodes, at
+    every analysis and export. Where two distinct tensors share a name, graphsurgeon's own is
+    returned: it warns, and the later one is kept."""
     found: dict[str, gs.Tensor] = {}
     keep = found.setdefault
-    for t in graph.inputs:
-        if keep(t.name, t) is not t and t.name:
-            return graph.tensors()
-    for node in graph.nodes:
-        for t in node.inputs:
+    for tensors in _tensor_lists(graph):
+        for t in tensors:
             if keep(t.name, t) is not t and t.name:
                 return graph.tensors()
-        for t in node.outputs:
-            if keep(t.name, t) is not t and t.name:
-                return graph.tensors()
-    for t in graph.outputs:
-        if keep(t.name, t) is not t and t.name:
-            return graph.tensors()
     found.pop("", None)
     return found
+
+
+def _tensor_lists(graph: gs.Graph) -> Iterator[list[gs.Tensor]]:
+    """The graph's inputs, each node's inputs and outputs, and the graph's outputs, in that order
+    (graphsurgeon's ``Graph.tensors``)."""
+    yield graph.inputs
+    for node in graph.nodes:
+        yield node.inputs
+        yield node.outputs
+    yield graph.outputs
 
 
 def _new_variable(name: str, dtype=None, shape=None, type: str = "tensor_type") -> gs.Variable:

@@ -50,7 +50,7 @@ import onnx
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.regions import producer
 from onnx_remat.errors import RematError
-from onnx_remat.forked import PORTABLE_MODEL_MAX_BYTES, Forked, beside, worth_running_beside
+from onnx_remat.forked import Forked, beside, worth_running_beside, worth_sending_back
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.check_process import CHECK_FILE_PREFIX, CheckProcess, CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation
@@ -272,24 +272,23 @@ def portable(bp: BudgetPlan) -> BudgetPlan:
     what a forked child sends back (the plan's segments hold the analysed graph's nodes, which the
     parent has). :func:`restored` puts them back."""
     assert bp.plan is not None and bp._rewrite is not None
-    index = {id(seg): k for k, seg in enumerate(bp.plan.segments)}
-    return dataclasses.replace(bp, plan=None, _rewrite=_with_segments(bp._rewrite, lambda rs: index[id(rs.segment)]))
+    plan = bp.plan
+    return dataclasses.replace(bp, plan=None, _rewrite=_with_segments(bp._rewrite, lambda r: r.segments_by_index(plan)))
 
 
 def restored(bp: BudgetPlan, plan: RecomputePlan) -> BudgetPlan:
     """A :func:`portable` plan made whole again with ``plan``, the plan it was evaluated on."""
     assert bp._rewrite is not None
-    return dataclasses.replace(
-        bp, plan=plan, _rewrite=_with_segments(bp._rewrite, lambda rs: plan.segments[rs.segment])
-    )
+    return dataclasses.replace(bp, plan=plan, _rewrite=_with_segments(bp._rewrite, lambda r: r.segments_of(plan)))
 
 
-def _with_segments(rewrite: RewriteResult | ParkedRewrite, segment: Callable) -> RewriteResult | ParkedRewrite:
-    """``rewrite`` with each rewritten segment's ``segment`` replaced by ``segment(rs)``."""
+def _with_segments(
+    rewrite: RewriteResult | ParkedRewrite, change: Callable[[RewriteResult], RewriteResult]
+) -> RewriteResult | ParkedRewrite:
+    """``change(rewrite)``, for a parked rewrite on its skeleton (the model stays parked)."""
     if isinstance(rewrite, ParkedRewrite):
-        return ParkedRewrite(_with_segments(rewrite.skeleton, segment), rewrite.spilled)  # type: ignore[arg-type]
-    segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in rewrite.segments]
-    return dataclasses.replace(rewrite, segments=segments)
+        return ParkedRewrite(change(rewrite.skeleton), rewrite.spilled)
+    return change(rewrite)
 
 
 @dataclass
@@ -630,8 +629,7 @@ class BudgetPlanner:
         Not where the graph's own bytes (its weights, inside the model) would make the rewrite too
         heavy to send back."""
         per_layer = self._reference_plan(paths, merged=False)
-        model = self.analysis.model
-        if not worth_running_beside(len(model.graph.node)) or model.ByteSize() > PORTABLE_MODEL_MAX_BYTES:
+        if not worth_sending_back(self.analysis.model):
             merged = self._reference_plan(paths, merged=True)
             return [
                 (m, self._evaluate_reference(plan, m))

@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -49,7 +50,7 @@ import onnx_graphsurgeon as gs
 
 from onnx_remat import __version__
 from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
-from onnx_remat.forked import PORTABLE_MODEL_MAX_BYTES, Forked, in_forked_child, worth_running_beside
+from onnx_remat.forked import Forked, in_forked_child, worth_sending_back
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import MS_DOMAIN
 from onnx_remat.ortsim.kernels import written_inputs
@@ -111,6 +112,23 @@ class RewriteResult:
     def clone_count(self) -> int:
         return sum(len(s.clones) for s in self.segments)
 
+    def segments_by_index(self, plan: RecomputePlan) -> RewriteResult:
+        """This result with each rewritten segment naming its segment of ``plan`` (the plan it was
+        made by) by index: what a forked child sends back, since a plan's segments hold the analysed
+        graph's objects, which the parent has. :meth:`segments_of` puts them back."""
+        index = {id(seg): k for k, seg in enumerate(plan.segments)}
+        return self.with_segments(lambda rs: index[id(rs.segment)])
+
+    def segments_of(self, plan: RecomputePlan) -> RewriteResult:
+        """A :meth:`segments_by_index` result with the segments of ``plan`` (this process's) again."""
+        return self.with_segments(lambda rs: plan.segments[cast(int, rs.segment)])
+
+    def with_segments(self, segment: Callable[[RewrittenSegment], Any]) -> RewriteResult:
+        """This result with each rewritten segment's ``segment`` replaced by ``segment(rs)`` (a
+        plan's segment, or its index while the result travels: Any)."""
+        segments = [dataclasses.replace(rs, segment=segment(rs)) for rs in self.segments]
+        return dataclasses.replace(self, segments=segments)
+
 
 def _working_copy(tg: TrainingGraph, plan: RecomputePlan) -> tuple[TrainingGraph, RecomputePlan]:
     """A copy of the graph with its analysis (:meth:`TrainingGraph.copy`), and ``plan`` in terms of
@@ -141,27 +159,6 @@ def _working_copy(tg: TrainingGraph, plan: RecomputePlan) -> tuple[TrainingGraph
         for seg in plan.segments
     ]
     return work, dataclasses.replace(plan, segments=segments)
-
-
-@dataclass
-class _Sent:
-    """A :class:`RewriteResult` as a forked child sends it: its segments by their index in the plan
-    (a plan's segment holds graphsurgeon objects of the whole graph, which the parent has)."""
-
-    result: RewriteResult
-    segments: list[int]
-
-    @classmethod
-    def of(cls, result: RewriteResult, plan: RecomputePlan) -> _Sent:
-        index = {id(s): k for k, s in enumerate(plan.segments)}
-        unhooked = [dataclasses.replace(r, segment=cast(Segment, None)) for r in result.segments]
-        return cls(dataclasses.replace(result, segments=unhooked), [index[id(r.segment)] for r in result.segments])
-
-    def received(self, plan: RecomputePlan) -> RewriteResult:
-        """The result, its segments those of ``plan`` (the plan it was made by, in this process)."""
-        sent = zip(self.result.segments, self.segments)
-        segments = [dataclasses.replace(r, segment=plan.segments[k]) for r, k in sent]
-        return dataclasses.replace(self.result, segments=segments)
 
 
 def check_not_rewritten(tg: TrainingGraph) -> None:
@@ -201,18 +198,18 @@ class RecomputeRewrite:
     def __call__(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
         """Rewrite a copy of ``tg``'s graph by ``plan`` (made on ``tg``); ``tg`` stays as it was.
 
-        On a large graph (:func:`~onnx_remat.forked.worth_running_beside`) the rewrite is made in a
+        On a large graph (:func:`~onnx_remat.forked.worth_sending_back`) the rewrite is made in a
         forked child, on the child's own copy of ``tg`` from the fork, edited in place and let go
         with the child: copying the graph and freeing the copy took 2.4 s of a 10^5-node rewrite,
         sending the result back 0.4 s. Where the child fails, it is made here on a copy.
         """
         self.requires(tg, plan)
-        if worth_running_beside(len(tg.order)) and tg.mg.source.ByteSize() <= PORTABLE_MODEL_MAX_BYTES:
+        if worth_sending_back(tg.mg.source):
             sent = Forked.start(
-                lambda: _Sent.of(self._on_copy(tg, plan), plan),
-                child=lambda: _Sent.of(self._in_place(tg, plan), plan),
+                lambda: self._on_copy(tg, plan).segments_by_index(plan),
+                child=lambda: self._in_place(tg, plan).segments_by_index(plan),
             ).result()
-            return sent.received(plan)
+            return sent.segments_of(plan)
         return self._on_copy(tg, plan)
 
     def _on_copy(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
