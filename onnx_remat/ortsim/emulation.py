@@ -40,8 +40,10 @@ class Emulation:
     """One graph as onnxruntime would run it: ``model`` (not changed), ``sizes`` (its tensor sizes
     with the shapes onnxruntime infers), ``rg`` (the graph after onnxruntime's rewrites; node
     indices as onnxruntime gives them, ``first_added`` the first index its optimizer made),
-    ``order`` (node indices in execution order) and ``plan`` (the allocation plan, computed on
-    first use)."""
+    ``order`` (node indices in execution order), ``plan`` (the allocation plan, computed on
+    first use) and ``io`` (:func:`~onnx_remat.ortsim.graph.node_io` of ``model``: not to be
+    changed, as no edit of the emulated graph changes it; a graph made of the same nodes reads its
+    own from it, :class:`~onnx_remat.scheduling.realize.LeafPlacer`)."""
 
     model: onnx.ModelProto
     sizes: TensorSizes
@@ -50,6 +52,7 @@ class Emulation:
     order: list[int]
     order_source: str = DEFAULT_ORDER
     matched_order_nodes: int | None = None  # with an order given by name: nodes matched
+    io: NodeIO | None = field(default=None, repr=False)
     _plan: MemoryPlan | None = field(default=None, repr=False)
     _names: list[str] | None = field(default=None, repr=False)
     _by_name: dict[str, int] | None = field(default=None, repr=False)
@@ -148,6 +151,7 @@ def emulate(
     optimizations: bool = True,
     execution_order: Sequence[str] | None = None,
     io: NodeIO | None = None,
+    protos: Sequence[onnx.NodeProto] | None = None,
 ) -> Emulation:
     """Emulate onnxruntime on ``model``; ``sizes``: its tensor sizes (symbolic dimensions bound).
 
@@ -156,19 +160,21 @@ def emulate(
     emulation's ``sizes`` for a graph with the same tensors). ``optimizations=False`` emulates the
     graph as written, without onnxruntime's rewrites; ``execution_order`` (node names as
     onnxruntime ran them, e.g. from a profile) replaces the emulated DEFAULT order. ``io``:
-    :func:`~onnx_remat.ortsim.graph.node_io` of ``model``, if read already.
+    :func:`~onnx_remat.ortsim.graph.node_io` of ``model``, if read already (not changed; kept as
+    the emulation's); ``protos``: nodes equal to ``model``'s to read in their place
+    (:func:`~onnx_remat.ortsim.graph.runtime_graph`).
     """
     if io is None:
         io = node_io(model)  # the nodes' names, read once for both
     if not shapes_known:
         sizes = sizes.copy()
         infer_runtime_shapes(model, sizes, io=io)
-    rg = runtime_graph(model, sizes, io=io)
+    rg = runtime_graph(model, sizes, io=io, protos=protos)
     first_added = len(rg.nodes)
     if optimizations:
         optimize(rg)
     if execution_order is None:
-        return Emulation(model, sizes, rg, first_added, rg.default_order())
+        return Emulation(model, sizes, rg, first_added, rg.default_order(), io=io)
     live = rg.live()
     order, matched = order_from_names(
         [n.index for n in live],
@@ -177,7 +183,7 @@ def emulate(
         list(execution_order),
     )
     source = f"given order ({matched} of {len(live)} nodes matched by name)"
-    return Emulation(model, sizes, rg, first_added, order, source, matched)
+    return Emulation(model, sizes, rg, first_added, order, source, matched, io=io)
 
 
 def emulate_rewrite(model: onnx.ModelProto, original_sizes: TensorSizes) -> Emulation:

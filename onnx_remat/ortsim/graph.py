@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -50,6 +50,9 @@ class RuntimeNode:
     name: str
     op: str
     domain: str
+    # Never changed in place: an edit gives the node a new list. A node's lists are the ones
+    # node_io read (runtime_graph), which the emulation keeps for later graphs with the same nodes
+    # (the memory schedule's written graphs: Emulation.io), and which those graphs' nodes share.
     inputs: list[str]
     outputs: list[str]
     # The attributes, or the model's node to read them from when first asked: most nodes' are
@@ -240,9 +243,10 @@ class RuntimeGraph:
         self.edits += 1
         self.touched.append(node.index)
         self._prods.pop(node.index, None)
-        for k, t in enumerate(node.inputs):
+        inputs = node.inputs = node.inputs[:]  # a new list: see RuntimeNode.inputs
+        for k, t in enumerate(inputs):
             if t == old:
-                node.inputs[k] = new
+                inputs[k] = new
                 lst = self.consumers.get(old)
                 if lst and node.index in lst:
                     lst.remove(node.index)
@@ -326,12 +330,21 @@ def node_io(model: onnx.ModelProto) -> NodeIO:
 
 
 def runtime_graph(
-    model: onnx.ModelProto, sizes: TensorSizes, *, max_constant_elements: int = 64, io: NodeIO | None = None
+    model: onnx.ModelProto,
+    sizes: TensorSizes,
+    *,
+    max_constant_elements: int = 64,
+    io: NodeIO | None = None,
+    protos: Sequence[onnx.NodeProto] | None = None,
 ) -> RuntimeGraph:
     """The model as onnxruntime loads it (``Constant`` nodes turned into initializers), unoptimized.
 
-    ``io``: :func:`node_io` of ``model``, if read already; its lists become the nodes' own (the
-    optimizer edits them), so it is not to be read again."""
+    ``io``: :func:`node_io` of ``model``, if read already; its lists become the nodes' (which no
+    edit changes in place: :class:`RuntimeNode`), so it may still be read. ``protos``: nodes equal
+    to ``model``'s, read in their place: those of the model a graph's node list was copied from
+    (:class:`~onnx_remat.scheduling.realize.LeafPlacer`), so that two emulations' nodes hold the
+    same node objects to read attributes from, and compare them as the same
+    (:meth:`RuntimeNode.same_attrs`)."""
     g = model.graph
     all_inputs, all_outputs = io if io is not None else node_io(model)
     inputs = [v.name for v in g.input]
@@ -353,7 +366,7 @@ def runtime_graph(
     consumers: dict[str, list[int]] = {}
     prods: dict[int, list[int]] = {}
     sorted_graph = True
-    for proto, ins, outputs in zip(g.node, all_inputs, all_outputs):
+    for proto, ins, outputs in zip(g.node if protos is None else protos, all_inputs, all_outputs, strict=True):
         domain = proto.domain
         if domain == "ai.onnx":
             domain = ""

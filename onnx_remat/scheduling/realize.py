@@ -17,32 +17,37 @@ their order, :mod:`onnx_remat.graph.random_order` pins them to the original one.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from itertools import chain
 
 import onnx
 
 from onnx_remat.graph.node_list import with_nodes
+from onnx_remat.ortsim.graph import NodeIO, node_io
 
 
-def model_leaves(model: onnx.ModelProto) -> list[int]:
-    """Positions of the nodes none of whose outputs another node reads."""
-    nodes = model.graph.node
-    read: set[str] = set()
-    for node in nodes:
-        read.update(node.input)
+def model_leaves(model: onnx.ModelProto, io: NodeIO | None = None) -> list[int]:
+    """Positions of the nodes none of whose outputs another node reads. ``io``:
+    :func:`~onnx_remat.ortsim.graph.node_io` of ``model``, if read already (reading the names
+    from the model's nodes again costs several times more)."""
+    inputs, outputs = io if io is not None else node_io(model)
+    read = set(chain.from_iterable(inputs))
     read.discard("")  # an omitted optional input or output is no tensor
-    return [k for k, node in enumerate(nodes) if read.isdisjoint(node.output)]
+    return [k for k, outs in enumerate(outputs) if read.isdisjoint(outs)]
 
 
 class LeafPlacer:
     """:func:`place_leaves` for one model and several rankings: the model's nodes and leaves are
     read once, and each ranking's node list is known (:meth:`positions`) before any copy is made
-    (:meth:`write`), so a caller can skip a list it has already written."""
+    (:meth:`write`), so a caller can skip a list it has already written. ``io``:
+    :func:`~onnx_remat.ortsim.graph.node_io` of ``model`` (an emulation's ``io``), if read already:
+    then each written model's is known too (:meth:`io`)."""
 
-    def __init__(self, model: onnx.ModelProto):
+    def __init__(self, model: onnx.ModelProto, io: NodeIO | None = None):
         self.model = model
         self.nodes = list(model.graph.node)
         self.names = [n.name for n in self.nodes]
-        self.movable = [k for k in model_leaves(model) if self.names[k]]
+        self._io = io
+        self.movable = [k for k in model_leaves(model, io) if self.names[k]]
         moving = set(self.movable)
         self.rest = [k for k in range(len(self.nodes)) if k not in moving]
 
@@ -55,8 +60,22 @@ class LeafPlacer:
 
     def write(self, positions: list[int]) -> onnx.ModelProto:
         """A copy of the model with the node list ``positions``."""
+        return with_nodes(self.model, self.protos(positions))
+
+    def protos(self, positions: list[int]) -> list[onnx.NodeProto]:
+        """The model's nodes in the order of ``positions``: equal to those :meth:`write` writes,
+        which an emulation of the written model may read in their place
+        (:func:`~onnx_remat.ortsim.emulation.emulate`'s ``protos``)."""
         nodes = self.nodes
-        return with_nodes(self.model, [nodes[k] for k in positions])
+        return [nodes[k] for k in positions]
+
+    def io(self, positions: list[int]) -> NodeIO | None:
+        """:func:`~onnx_remat.ortsim.graph.node_io` of :meth:`write`'s model for ``positions``,
+        from the model's (None where it was not given): the same lists, not to be changed."""
+        if self._io is None:
+            return None
+        inputs, outputs = self._io
+        return [inputs[k] for k in positions], [outputs[k] for k in positions]
 
 
 def place_leaves(model: onnx.ModelProto, rank: Mapping[str, float]) -> onnx.ModelProto:

@@ -222,7 +222,7 @@ class MemorySchedule:
                 continue
             placer = placers.get(id(g))
             if placer is None:
-                placer = placers[id(g)] = LeafPlacer(g.model)
+                placer = placers[id(g)] = LeafPlacer(g.model, g.io)
             positions = placer.positions(names) if names is not None else None
             key = tuple(placer.names[k] for k in positions) if positions is not None else tuple(placer.names)
             if key in checked_lists:  # another policy gave the same node list
@@ -231,7 +231,11 @@ class MemorySchedule:
             # the node list is known before it is written: a list written already costs no copy
             written = placer.write(positions) if positions is not None else g.model
             checking = self._check_ahead(written)
-            emulated = emulate(written, g.sizes, shapes_known=True)
+            if positions is None:
+                emulated = emulate(written, g.sizes, shapes_known=True, io=g.io)
+            else:  # the nodes as read for g: the same node objects, not written ones read again
+                io, protos = placer.io(positions), placer.protos(positions)
+                emulated = emulate(written, g.sizes, shapes_known=True, io=io, protos=protos)
             if prediction is not None and isinstance(prediction[1], MemoryPlan):
                 # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
                 # the node list's order); where it runs exactly what was predicted, the predicted

@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.ortsim.graph import runtime_graph
+from onnx_remat.ortsim.emulation import emulate
+from onnx_remat.ortsim.graph import node_io, runtime_graph
 from onnx_remat.ortsim.optimizer import LEVEL1, LEVEL2, optimize
 from onnx_remat.ortsim.shapes import infer_runtime_shapes
 
@@ -173,3 +174,27 @@ def test_noop_on_a_graph_input_is_kept(tmp_path):
     assert _histogram((n.domain, n.op) for n in rg.live()) == _histogram(
         (n.domain, n.op_type) for n in _onnxruntime(model, tmp_path).graph.node
     )
+
+
+# An Identity that writes a graph output: its producer takes the output over (EliminateIdentity's
+# second form, which renames the producer's output).
+_IDENTITY_TO_OUTPUT = _model(
+    [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Identity", ["r"], ["y"])],
+    [_vi("x", [4, 8])],
+    [_vi("y", [4, 8])],
+)
+
+
+@pytest.mark.parametrize("name", [*sorted(CASES), "identity to output"])
+def test_no_rewrite_changes_the_node_lists_it_read(name):
+    """Every rewrite gives an edited node new input and output lists: the lists the graph was read
+    from stay as read (the emulation keeps them, Emulation.io, and the memory schedule's written
+    graphs read theirs from them), while the emulated graph is the same as from lists of its own."""
+    model = CASES.get(name, _IDENTITY_TO_OUTPUT)
+    sizes = TensorSizes(model)
+    io = node_io(model)
+    e = emulate(model, sizes, io=io)
+    assert e.io is io and io == node_io(model)
+    assert sum(e.rg.rewrites.values()) > 0
+    alone = emulate(model, sizes)
+    assert [(n.op, n.inputs, n.outputs) for n in e.rg.live()] == [(n.op, n.inputs, n.outputs) for n in alone.rg.live()]

@@ -13,11 +13,11 @@ from onnx_remat.estimate import estimate_rewritten
 from onnx_remat.graph.random_order import pin_random_order, random_ops
 from onnx_remat.model_io import load_model
 from onnx_remat.ortsim.emulation import emulate
-from onnx_remat.ortsim.graph import runtime_graph
+from onnx_remat.ortsim.graph import node_io, runtime_graph
 from onnx_remat.ortsim.optimizer import optimize
 from onnx_remat.ortsim.shapes import infer_runtime_shapes
 from onnx_remat.scheduling.orders import POLICIES, leaf_ranked_order, leaves, list_schedule
-from onnx_remat.scheduling.realize import model_leaves, place_leaves
+from onnx_remat.scheduling.realize import LeafPlacer, model_leaves, place_leaves
 from onnx_remat.scheduling.schedule import MemorySchedule
 
 EXAMPLES = ["blocks10", "fc5", "gpt", "resnet"]
@@ -81,6 +81,29 @@ def test_leaf_ranks_predict_what_onnxruntime_runs_once_written(name):
         written = place_leaves(model, {n: float(k) for i, k in rank.items() for n in g.rg.at(i).origin})
         again = emulate(written, sizes, shapes_known=True)
         assert predicted == [again.rg.at(i).name for i in again.order], policy
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_written_graph_read_from_its_emulated_source_is_the_graph_read_again(name):
+    """LeafPlacer given the emulation's node lists (Emulation.io) finds the same leaves, and the
+    graph it writes, emulated from the lists and the source nodes it gives, is the graph emulated
+    from its own nodes."""
+    model, _, g = _graph(name)
+    placer, plain = LeafPlacer(model, g.io), LeafPlacer(model)
+    assert placer.movable == plain.movable == [k for k in model_leaves(model) if model.graph.node[k].name]
+    ends = set(leaves(g.rg))
+    rank = {i: k for k, i in enumerate(list_schedule(g.rg, g.order, POLICIES[-1])) if i in ends}
+    positions = placer.positions({n: float(k) for i, k in rank.items() for n in g.rg.at(i).origin})
+    written = placer.write(positions)
+    assert placer.io(positions) == node_io(written) and plain.io(positions) is None
+    assert placer.protos(positions) == list(written.graph.node)  # equal, not the same objects
+    shared = emulate(written, g.sizes, shapes_known=True, io=placer.io(positions), protos=placer.protos(positions))
+    again = emulate(written, g.sizes, shapes_known=True)
+    assert shared.order == again.order and shared.planned_peak_bytes == again.planned_peak_bytes
+    assert [(n.name, n.inputs, n.outputs) for n in shared.rg.live()] == [
+        (n.name, n.inputs, n.outputs) for n in again.rg.live()
+    ]
+    assert g.io == node_io(model)  # neither emulation changed the lists they share with g
 
 
 def test_place_leaves_moves_only_leaves():

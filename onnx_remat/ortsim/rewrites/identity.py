@@ -32,6 +32,7 @@ def _eliminate_identity(rg: RuntimeGraph, node: RuntimeNode, rule: str = "Elimin
         return False
     rg.remove(node)  # counts as an edit (rg.edits) for the output moved below too
     k = prod.outputs.index(src)
+    prod.outputs = prod.outputs[:]  # a new list: see RuntimeNode.inputs
     prod.outputs[k] = out
     rg.touch(prod)
     rg._touch_readers([src, out])

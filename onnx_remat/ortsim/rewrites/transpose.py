@@ -283,6 +283,7 @@ class _Pusher:
         rg.edits += 1
         rg.touch(node)
         rg._prods.pop(node.index, None)
+        node.inputs = node.inputs[:]  # a new list: see RuntimeNode.inputs
         node.inputs[k] = new
         lst = rg.consumers.get(old)
         if lst and node.index in lst:
@@ -301,6 +302,7 @@ class _Pusher:
         rg.edits += 1
         name = src.outputs[k]
         new = self.new_name(name.rsplit("/", 1)[-1] or "out")
+        src.outputs, dst.outputs = src.outputs[:], dst.outputs[:]  # new lists: see RuntimeNode.inputs
         src.outputs[k] = new
         dst.outputs[j] = name
         rg.touch(src)
