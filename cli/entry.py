@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     # 50,000 still 8% of `apply` on 10^5 nodes (3.1 s of 40: 180 passes), which then left 402
     # unreachable objects for a final collection to find. So a command runs without it (measured on
     # 10^5 nodes: the same peak RSS; `--budget 50%` on 21k nodes: the same peak RSS). A command is
-    # one short process; the library leaves the collector as its caller set it.
+    # one short process. (The library's entry points pause it for their call only, and turn it on
+    # again after: onnx_remat.collector.)
     gc.disable()
     code = 1
     try:

@@ -57,6 +57,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from onnx_remat import collector
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model, runtime_judged
 from onnx_remat.memory import (
     BACKWARD,
@@ -161,6 +162,7 @@ def scope_rows(analysis: ModelAnalysis, before: MemoryEstimate, dropout: str) ->
     ]
 
 
+@collector.pauses
 def estimate(
     model: ModelLike | ModelAnalysis | ApplyResult,
     *,

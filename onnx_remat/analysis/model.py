@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnx_remat import collector
 from onnx_remat.analysis.regions import TrainingGraph, analyze
 from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
 from onnx_remat.analysis.sizes import TensorSizes
@@ -134,6 +135,7 @@ def runtime_judged(source: LoadedModel | ModelAnalysis | None, *, at_end: bool =
         loaded.settle_load_check()
 
 
+@collector.pauses
 def analyze_model(
     model: ModelLike,
     *,

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from onnx_remat import collector
+
 # Above this size the model is checked in the command as before: writing its bytes out (weights
 # included, for a model that holds them) would cost more than the check.
 MAX_MODEL_BYTES = 512 * 2**20
@@ -133,6 +135,7 @@ def _die_with(parent: int) -> None:
         sys.exit(1)
 
 
+@collector.pauses
 def _check_file(path: str) -> bytes:
     """In the child: the verdict on the model in ``path``, which is removed once read."""
     from onnx_remat.errors import RematError

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from onnx_remat import collector
 from onnx_remat.analysis.model import ModelAnalysis, ModelLike, analyze_model, runtime_judged
 from onnx_remat.errors import RematError, UsageError
 from onnx_remat.forked import beside
@@ -55,6 +56,7 @@ def as_list(value: str | Iterable[str] | None) -> list[str]:
     return out
 
 
+@collector.pauses
 def plan(
     analysis: ModelAnalysis,
     *,
@@ -77,6 +79,7 @@ def plan(
     return planner.plan(selection)
 
 
+@collector.pauses
 def apply(
     model: ModelLike | ModelAnalysis,
     *,

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
+from onnx_remat import collector
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, large_graph, worth_running_beside
@@ -471,6 +472,7 @@ class ScheduledModel:
         }
 
 
+@collector.pauses
 def schedule(
     model: ModelLike | ModelAnalysis,
     *,
