@@ -74,6 +74,22 @@ class MemoryEstimate:
     matched_order_nodes: int | None = None  # with a given execution order: nodes matched by name
     order_names: list[str] = field(default_factory=list, repr=False)  # the model's node names, in run order
 
+    def __getstate__(self) -> dict:
+        # The steps go as six columns, not an object each: an estimate of a 10^5-node graph comes
+        # back from a forked child (remat/pipeline.py's OriginalGraph) in a third of the time.
+        state = dict(self.__dict__)
+        steps = state.pop("steps")
+        state["step_columns"] = tuple(
+            map(list, zip(*((s.node, s.op, s.region, s.live_bytes, s.block_bytes, s.outside_bytes) for s in steps)))
+        )
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        columns = state.pop("step_columns")
+        self.__dict__.update(state)
+        self.steps = list(map(Step, *columns)) if columns else []
+
     @property
     def peak_node(self) -> str:
         return self.steps[self.peak_step].node if self.steps else ""

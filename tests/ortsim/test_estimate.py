@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -320,3 +321,19 @@ def test_estimate_labels_are_walked_once_per_analysis(name):
     assert again == (regions_of(fresh), regions_of(fresh, rewrite), scope_of_tensor(fresh))
     assert list(again[1]) == list(regions_of(fresh, rewrite))  # the same order too
     assert again[0] and again[2]
+
+
+def test_an_estimate_comes_back_from_a_child_as_it_went(estimates):
+    """A MemoryEstimate pickles its steps as columns (forked children send estimates back):
+    unpickled, it is the same estimate, steps and all."""
+    import pickle
+
+    from onnx_remat.memory import Step
+
+    for name in ("blocks10", "gpt"):
+        result = estimates(name)
+        for estimate_ in (result.before, result.after):
+            again = pickle.loads(pickle.dumps(estimate_))
+            assert again == estimate_ and again.steps and all(isinstance(s, Step) for s in again.steps)
+    empty = pickle.loads(pickle.dumps(dataclasses.replace(estimates("gpt").before, steps=[])))
+    assert empty.steps == [] and empty.planned_peak_bytes == estimates("gpt").before.planned_peak_bytes
