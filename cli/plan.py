@@ -22,7 +22,7 @@ from onnx_remat.cli.common import (
     write_json,
 )
 from onnx_remat.errors import RematError, UsageError
-from onnx_remat.units import format_bytes
+from onnx_remat.units import format_bytes, format_bytes_apart
 
 COST_CHOICES = ("auto", "profile", "flops")
 
@@ -99,10 +99,8 @@ def budget_verdict(comparison, limit: int) -> tuple[bool, str]:
         return False, "budget not checked: onnxruntime reported no planned peak"
     ok = measured <= limit
     word = "met" if ok else "NOT met"
-    return (
-        ok,
-        f"budget {word}: measured planned peak {format_bytes(measured)} {'<=' if ok else '>'} {format_bytes(limit)}",
-    )
+    shown, allowed = format_bytes_apart(measured, limit)
+    return ok, f"budget {word}: measured planned peak {shown} {'<=' if ok else '>'} {allowed}"
 
 
 @click.command("plan")

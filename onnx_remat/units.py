@@ -34,6 +34,16 @@ def format_bytes(n: int | float | None) -> str:
     raise AssertionError("unreachable")
 
 
+def format_bytes_apart(a: int, b: int) -> tuple[str, str]:
+    """``a`` and ``b`` as :func:`format_bytes` writes them, with the exact byte counts added where
+    two different sizes would read the same (``'2.0 MiB (2,062,745 bytes)'``): a message that
+    says one is below the other must not print two equal figures."""
+    first, second = format_bytes(a), format_bytes(b)
+    if first == second and a != b:
+        return f"{first} ({a:,} bytes)", f"{second} ({b:,} bytes)"
+    return first, second
+
+
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``plural(1, 'tensor')`` -> ``'1 tensor'``, ``plural(3, 'tensor')`` -> ``'3 tensors'``."""
     return f"{n} {word if n == 1 else (many or word + 's')}"

@@ -72,7 +72,7 @@ from onnx_remat.remat.solve import (
     solve,
 )
 from onnx_remat.scheduling.schedule import ScheduleResult, check_scheduled, start_check
-from onnx_remat.units import format_bytes
+from onnx_remat.units import format_bytes, format_bytes_apart
 
 MAX_ROUNDS = 6  # model budgets tried per budget before falling back to the reference plans
 PER_LAYER, RECOMPUTE_OUTPUTS, PLANNER, NONE = "per-layer", "recompute-outputs", "planner", "none"
@@ -1112,9 +1112,10 @@ class BudgetPlanner:
                 # (a budget at the floor it names is never refused)
                 best = floor
         if best is None:
+            wanted, lowest = format_bytes_apart(budget, floor.written_peak)
             raise RematError(
-                f"budget {format_bytes(budget)} is below the lowest planned peak onnx-remat reaches for this "
-                f"graph, {format_bytes(floor.written_peak)} ({floor.written_peak / base:.0%} of the unrewritten "
+                f"budget {wanted} is below the lowest planned peak onnx-remat reaches for this "
+                f"graph, {lowest} ({floor.written_peak / base:.0%} of the unrewritten "
                 f"{format_bytes(base)}); nothing written"
             )
         notes = list(self.reference_notes)

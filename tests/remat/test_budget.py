@@ -149,6 +149,8 @@ def test_budget_min_is_the_lowest_peak_the_refusal_names(name):
         onnx_remat.apply(art, budget=peak - 1)
     named = float(str(refused.value).split("reaches for this graph, ")[1].split(" MiB")[0])
     assert abs(named - peak / MiB) < 0.05
+    # one byte apart reads the same in MiB: the exact counts are added (units.format_bytes_apart)
+    assert f"({peak - 1:,} bytes) is below" in str(refused.value) and f"({peak:,} bytes)" in str(refused.value)
     assert peak < lowest.estimate_before.planned_peak_bytes
     assert onnx_remat.apply(art, budget=" MIN ").estimate_after.planned_peak_bytes == peak
 
@@ -282,3 +284,11 @@ def test_on_a_large_graph_the_chosen_plan_is_scheduled_beside_the_rounds(monkeyp
     assert not list(Path(tempfile.gettempdir()).glob("onnx-remat-check-*"))
     assert beside.model.SerializeToString() == here.model.SerializeToString()
     assert beside.summary() == here.summary()
+
+
+def test_sizes_that_read_the_same_are_told_apart():
+    from onnx_remat.units import format_bytes_apart
+
+    assert format_bytes_apart(2_062_745, 2_117_632) == ("2.0 MiB (2,062,745 bytes)", "2.0 MiB (2,117,632 bytes)")
+    assert format_bytes_apart(1 << 20, 3 << 20) == ("1.0 MiB", "3.0 MiB")
+    assert format_bytes_apart(5, 5) == ("5 B", "5 B")
