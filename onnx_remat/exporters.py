@@ -53,7 +53,7 @@ node producing the same output.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import onnx
@@ -304,7 +304,9 @@ def _op_label(node: onnx.NodeProto) -> str:
     return f"{node.domain}.{node.op_type}"
 
 
-def resolve_module_paths(components: list[str], modules: dict[str, Any]) -> list[str] | None:
+def resolve_module_paths(
+    components: list[str], modules: Mapping[str, Any], *, ends: Mapping[str, list[str]] | None = None
+) -> list[str] | None:
     """Full module paths for the scope components of a TorchScript node name, or None.
 
     TorchScript names a scope mostly relative to its parent scope (``/blocks.0/drop/Dropout``:
@@ -314,7 +316,12 @@ def resolve_module_paths(components: list[str], modules: dict[str, Any]) -> list
     component that is itself a full ``named_modules()`` key is taken as such when the join is
     not one; and a Sequential's child is named relative to the Sequential's parent
     (``/stages.0/layers/layers.0/dwconv``: ``stages.0.layers.0``, seen in ConvNeXt), so the
-    join with the parent of the running path is tried last.
+    join with the parent of the running path is tried next. Last, a module that calls a
+    grandchild directly (Hugging Face's ``OPTForCausalLM.forward`` calls ``self.model.decoder``)
+    gets a scope named after the grandchild right under its own (``/model/decoder/layers.0``
+    for ``model.model.decoder.layers.0``): the component is then the one module below the
+    running path, at the least depth, whose name ends with it. ``ends``: :func:`module_path_ends`
+    of ``modules``, where the caller resolves many names (made here when needed otherwise).
     """
     paths: list[str] = []
     prefix = ""
@@ -330,9 +337,37 @@ def resolve_module_paths(components: list[str], modules: dict[str, Any]) -> list
         elif beside is not None and beside in modules:
             prefix = beside
         else:
-            return None
+            if ends is None:
+                ends = module_path_ends(modules)
+            below = _shallowest_below(prefix, ends.get(comp, ()))
+            if below is None:
+                return None
+            prefix = below
         paths.append(prefix)
     return paths
+
+
+def module_path_ends(modules: Iterable[str]) -> dict[str, list[str]]:
+    """Module paths by the last component of their name, shallowest first (for
+    :func:`resolve_module_paths`)."""
+    ends: dict[str, list[str]] = {}
+    for path in modules:
+        ends.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    for paths in ends.values():
+        paths.sort(key=lambda p: p.count("."))
+    return ends
+
+
+def _shallowest_below(prefix: str, paths: Sequence[str]) -> str | None:
+    """The one path of ``paths`` (shallowest first) below ``prefix`` at the least depth, or None
+    where there is none or more than one."""
+    under = [p for p in paths if p.startswith(prefix + ".")] if prefix else list(paths)
+    if not under:
+        return None
+    depth = under[0].count(".")
+    if len(under) > 1 and under[1].count(".") == depth:
+        return None  # two modules of that name at that depth: no telling which
+    return under[0]
 
 
 def annotate_scopes(model: onnx.ModelProto, module: Any, *, overwrite: bool = False) -> onnx.ModelProto:
@@ -363,6 +398,7 @@ def annotate_scopes(model: onnx.ModelProto, module: Any, *, overwrite: bool = Fa
     """
     annotated = _copy(model)
     modules = {name: mod for name, mod in module.named_modules() if name}
+    ends = module_path_ends(modules)
     root_class = _qualname(module)
     for graph in _graphs(annotated.graph):
         for node in graph.node:
@@ -374,7 +410,7 @@ def annotate_scopes(model: onnx.ModelProto, module: Any, *, overwrite: bool = Fa
             parts = node.name.split("/")[1:]
             if not parts or not parts[-1]:
                 continue
-            paths = resolve_module_paths(parts[:-1], modules)
+            paths = resolve_module_paths(parts[:-1], modules, ends=ends)
             if paths is None:
                 continue
             scopes = ["", *paths, parts[-1]]

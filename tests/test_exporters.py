@@ -462,3 +462,55 @@ def test_sequential_children_named_beside_the_sequential_resolve():
         "stages.0.layers.0.dwconv",
     ]
     assert resolve_module_paths(["stages.0", "layers", "nothing"], modules) is None
+
+
+def test_a_grandchild_called_directly_resolves_below_the_running_path():
+    """Hugging Face's OPTForCausalLM.forward calls ``self.model.decoder(...)``: TorchScript names
+    the decoder's scope ``decoder`` right under the caller's (``/model/decoder/layers.0/...``), for
+    module ``model.model.decoder.layers.0``. The one module below the running path whose name
+    ends with the component, at the least depth, is taken; two at that depth are not."""
+    from onnx_remat.exporters import module_path_ends, resolve_module_paths
+
+    names = ["model", "model.model", "model.model.decoder", "model.model.decoder.layers"]
+    names += ["model.model.decoder.layers.0", "model.model.decoder.layers.0.fc1", "model.lm_head"]
+    modules = dict.fromkeys(names)
+    parts = ["model", "decoder", "layers.0", "fc1"]
+    want = ["model", "model.model.decoder", "model.model.decoder.layers.0", "model.model.decoder.layers.0.fc1"]
+    assert resolve_module_paths(parts, modules) == want
+    assert resolve_module_paths(parts, modules, ends=module_path_ends(modules)) == want
+    assert resolve_module_paths(["model", "encoder"], modules) is None  # no such module below
+    twice = dict.fromkeys([*names, "model.other", "model.other.decoder"])  # two decoders at depth 2
+    assert resolve_module_paths(parts, twice) is None
+    assert resolve_module_paths(["lm_head"], modules) == ["model.lm_head"]  # from the root too
+
+
+def test_an_opt_decoder_export_names_its_layer_class():
+    """OPT (Hugging Face) calls its decoder past OPTModel: every node of a decoder layer is still
+    annotated with the layer's module path and class, so ``--scope OPTDecoderLayer`` finds the
+    layers (found by a sweep over architectures the corpus lacks)."""
+    pytest.importorskip("transformers")
+    from models.corpus import _hf
+    from onnx_remat.exporters import export_for_training
+
+    build = _hf(
+        "OPTForCausalLM",
+        "OPTConfig",
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_dim=64,
+        vocab_size=64,
+        max_position_embeddings=16,
+        word_embed_proj_dim=32,
+    )
+    module = build(("input_ids",))
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    model = export_for_training(module, (ids,), input_names=("input_ids",))
+    layer_nodes = [n for n in model.graph.node if n.name.startswith("/model/decoder/layers.")]
+    assert layer_nodes
+    for node in layer_nodes:
+        meta = {p.key: p.value for p in node.metadata_props}
+        assert NAME_SCOPES_KEY in meta, node.name
+        scopes, classes = ast.literal_eval(meta[NAME_SCOPES_KEY]), ast.literal_eval(meta[CLASS_HIERARCHY_KEY])
+        k = next(i for i, s in enumerate(scopes) if s.startswith("model.model.decoder.layers."))
+        assert classes[k].endswith(".OPTDecoderLayer") and scopes[k].count(".") == 4, (scopes, classes)
