@@ -13,9 +13,10 @@ graph is let go (:meth:`~onnx_remat.graph.bridge.ModelGraph.release`) or stay al
 ``onnx_remat.apply``, ``schedule``, ``plan``, ``analyze_model``, :func:`~onnx_remat.estimate.estimate`)
 turn the collector off for the call and back on after it, if it was on; nested calls leave it as
 the outermost found it. The command line turns it off for its whole process (``cli/entry.py``).
-Measured in one process with the collector paused: ``onnx_remat.apply`` at 10^5 nodes 26.0 s
-instead of 35.2 s, peak RSS 1,687 MiB instead of 1,686; at 20,813 nodes 6.9 s instead of 9.2 s
-(425 MiB instead of 413), with ``budget="50%"`` 23.7 s instead of 31.1 s (595 MiB instead of 593).
+Measured in one process with the collector paused (another job on the machine, so compare the
+pairs, not the seconds): ``onnx_remat.apply`` at 10^5 nodes 26.0 s instead of 35.2 s, peak RSS
+1,687 MiB instead of 1,686; at 20,813 nodes 6.9 s instead of 9.2 s (425 MiB instead of 413), with
+``budget="50%"`` 23.7 s instead of 31.1 s (595 MiB instead of 593).
 The cycles left when a call returns (its analysed graph, about 370,000 objects at 20,813 nodes)
 are collected by the first pass after it.
 """
