@@ -469,6 +469,7 @@ class BudgetPlanner:
         self._references: list[BudgetPlan] | None = None
         self.reference_notes: list[str] = []  # why a reference plan was not made
         self._reference_fix: dict[tuple, int] = {}
+        self._base_observed: dict | None = None  # _baseline_observed
         self._floor: BudgetPlan | None = None
         # A solution is rewritten and emulated once per planner: the floor's candidates, the rounds of
         # every budget and the references repeat plans (the same solution at several model budgets).
@@ -582,7 +583,13 @@ class BudgetPlanner:
         self, segments: list[Segment], source: str, choices: list[str], notes=(), owners: dict | None = None
     ) -> BudgetPlan:
         if not segments:
-            return BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, [])
+            bp = BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, [])
+            # What the model learns from the unrewritten graph's own estimate: a model that takes
+            # the graph to fit a budget it does not meet would otherwise choose it again, and the
+            # rounds stop at the first (seen on dynamo exports of decoders: the reference plans were
+            # taken at 25% added compute where a plan of 5% fits).
+            bp.observed = self._baseline_observed()
+            return bp
         pos = self.analysis.graph.position
         segments = makers_first(sorted(segments, key=lambda s: min(pos[id(producer(t))] for t in s.targets)))
         made: set[str] = set()
@@ -714,7 +721,18 @@ class BudgetPlanner:
             return not worth_running_beside(len(self.analysis.model.graph.node))
         return new.peak > self._budget or new.cost >= kept[0].cost
 
-    def _observe(self, parts, rewrite: RewriteResult, plan: RecomputePlan, owners: dict | None) -> dict[str, int]:
+    def _baseline_observed(self) -> dict:
+        """:meth:`_observe` of the unrewritten graph (empty once :meth:`release_planning` let its
+        plan go), made once."""
+        if self._base_observed is None:
+            if self.baseline_parts[1] is None:
+                return {}
+            self._base_observed = self._observe(self.baseline_parts, None, None, None)
+        return self._base_observed
+
+    def _observe(
+        self, parts, rewrite: RewriteResult | None, plan: RecomputePlan | None, owners: dict | None
+    ) -> dict[str, int]:
         """Live bytes at most per slot of the baseline (``fw:k``, ``bw:k``, ``mid``, ...) in the
         exact estimate of a rewrite: clones and barriers count in the backward slot of the unit
         they recompute, original nodes in their slot of the unrewritten graph."""
@@ -723,7 +741,7 @@ class BudgetPlanner:
         step_slot = self.model.slots
         base_step = self._base_step
         owner_of: dict[str, int] = {}
-        for seg, rs in zip(plan.segments, rewrite.segments):
+        for seg, rs in zip(plan.segments if plan else (), rewrite.segments if rewrite else ()):
             k = owners.get(id(seg)) if owners else None
             if k is None:
                 k = next(
