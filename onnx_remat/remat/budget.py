@@ -741,7 +741,8 @@ class BudgetPlanner:
         step_slot = self.model.slots
         base_step = self._base_step
         owner_of: dict[str, int] = {}
-        for seg, rs in zip(plan.segments if plan else (), rewrite.segments if rewrite else ()):
+        pairs = zip(plan.segments, rewrite.segments) if plan is not None and rewrite is not None else ()
+        for seg, rs in pairs:
             k = owners.get(id(seg)) if owners else None
             if k is None:
                 k = next(

@@ -233,7 +233,7 @@ class MemorySchedule:
             written = placer.write(positions) if positions is not None else g.model
             checking = self._check_ahead(written)
             if positions is None:
-                emulated = emulate(written, g.sizes, shapes_known=True, io=g.io)
+                emulated = g  # the graph as written: g is its emulation
             else:  # the nodes as read for g: the same node objects, not written ones read again
                 io, protos = placer.io(positions), placer.protos(positions)
                 emulated = emulate(written, g.sizes, shapes_known=True, io=io, protos=protos)
