@@ -30,7 +30,7 @@ it keeps and copies each initializer once (the parameters can be most of the mod
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import onnx
@@ -399,13 +399,49 @@ def _tensor_lists(graph: gs.Graph) -> Iterator[list[gs.Tensor]]:
     yield graph.outputs
 
 
-def _new_variable(name: str, dtype=None, shape=None, type: str = "tensor_type") -> gs.Variable:
-    """``gs.Variable(name, dtype, shape, type)`` without its constructor (see :func:`import_graph`)."""
+def new_variable(name: str, dtype=None, shape=None, type: str = "tensor_type") -> gs.Variable:
+    """``gs.Variable(name, dtype, shape, type)`` without its constructor: the same object (its
+    ``__setattr__`` hook and its ``SynchronizedList`` constructors, called per field and per
+    edge, are most of making one). For edits that make tens of thousands of tensors (a rewrite's
+    clones at 10^5 nodes); tests/graph/test_bridge_copy.py compares the objects."""
     v = object.__new__(gs.Variable)
     v.__dict__.update(
         name=name, inputs=_synced(v, "outputs"), outputs=_synced(v, "inputs"), dtype=dtype, shape=shape, type=type
     )
     return v
+
+
+def new_node(
+    op: str,
+    name: str | None = None,
+    attrs: dict | None = None,
+    inputs: Sequence[gs.Tensor] = (),
+    outputs: Sequence[gs.Tensor] = (),
+    domain: str | None = None,
+) -> gs.Node:
+    """``gs.Node(op, name, attrs, inputs, outputs, domain)`` without its constructor: the same
+    object, its edges added to both ends as ``SynchronizedList`` adds them (see
+    :func:`new_variable`)."""
+    node = object.__new__(gs.Node)
+    node.__dict__.update(
+        op=op,
+        name=name if name is not None else "",
+        attrs=attrs if attrs is not None else OrderedDict(),
+        inputs=_synced(node, "outputs"),
+        outputs=_synced(node, "inputs"),
+        domain=domain,
+    )
+    if inputs:
+        inputs = list(inputs)
+        list.extend(node.inputs, inputs)
+        for t in inputs:
+            list.append(t.outputs, node)
+    if outputs:
+        outputs = list(outputs)
+        list.extend(node.outputs, outputs)
+        for t in outputs:
+            list.append(t.inputs, node)
+    return node
 
 
 class _VariableReader:
@@ -422,13 +458,13 @@ class _VariableReader:
     def __call__(self, vi: onnx.ValueInfoProto) -> gs.Variable:
         type_proto = vi.type
         if type_proto.ByteSize() == 0:
-            return _new_variable(vi.name)
+            return new_variable(vi.name)
         key = type_proto.SerializeToString()
         read = self._read.get(key)
         if read is None:
             read = self._read[key] = (get_onnx_tensor_dtype(vi), get_onnx_tensor_shape(vi), get_onnx_tensor_type(vi))
         dtype, shape, kind = read
-        return _new_variable(vi.name, dtype, list(shape) if shape is not None else None, kind)
+        return new_variable(vi.name, dtype, list(shape) if shape is not None else None, kind)
 
 
 def _known(tensors: dict[str, gs.Tensor], vi: onnx.ValueInfoProto, variable: _VariableReader) -> gs.Tensor:
@@ -443,10 +479,10 @@ def _named(tensors: dict[str, gs.Tensor], name: str) -> gs.Tensor:
     """A node's input or output by name: an omitted optional one is a new empty Variable each
     time (graphsurgeon tracks none), an unknown one a new Variable without type or shape."""
     if not name:
-        return _new_variable("")
+        return new_variable("")
     t = tensors.get(name)
     if t is None:
-        t = tensors[name] = _new_variable(name)
+        t = tensors[name] = new_variable(name)
     return t
 
 

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnx_remat.graph.bridge import new_node, new_variable
+
 BITS = 8
 MIN_OPSET = 10  # MatMulInteger
 PAD_OPSET = 13  # Pad of bool (sizes known only at run time)
@@ -100,7 +102,7 @@ def pack(
     shape: Sequence | None,
     prefix: str,
     constants: dict[str, gs.Constant],
-    make_node: Callable[..., gs.Node] = gs.Node,
+    make_node: Callable[..., gs.Node] = new_node,
 ) -> Packed:
     """Nodes packing the bool tensor ``mask`` (``shape``: its dims, ints or symbols) into bytes.
 
@@ -112,7 +114,7 @@ def pack(
     nodes: list[gs.Node] = []
 
     def add(op: str, suffix: str, inputs: list[gs.Tensor], dtype, out_shape=None, **attrs) -> gs.Variable:
-        out = gs.Variable(f"{base}/{suffix}", dtype=dtype, shape=out_shape)
+        out = new_variable(f"{base}/{suffix}", dtype=dtype, shape=out_shape)
         nodes.append(make_node(op=op, name=f"{prefix}/{suffix}", inputs=inputs, outputs=[out], attrs=attrs))
         return out
 
@@ -190,7 +192,7 @@ def unpack(
     out: gs.Variable,
     prefix: str,
     constants: dict[str, gs.Constant],
-    make_node: Callable[..., gs.Node] = gs.Node,
+    make_node: Callable[..., gs.Node] = new_node,
 ) -> list[gs.Node]:
     """Nodes turning ``packed`` (bytes from :func:`pack`) into the bool mask ``out``.
 
@@ -201,7 +203,7 @@ def unpack(
     nodes: list[gs.Node] = []
 
     def add(op: str, suffix: str, inputs: list[gs.Tensor], dtype, out_shape=None, result=None, **attrs):
-        t = result if result is not None else gs.Variable(f"{base}/{suffix}", dtype=dtype, shape=out_shape)
+        t = result if result is not None else new_variable(f"{base}/{suffix}", dtype=dtype, shape=out_shape)
         nodes.append(make_node(op=op, name=f"{prefix}/{suffix}", inputs=inputs, outputs=[t], attrs=attrs))
         return t
 

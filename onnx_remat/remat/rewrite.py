@@ -52,6 +52,7 @@ from onnx_remat import __version__
 from onnx_remat.analysis.regions import TrainingGraph, producer, unique_tensors
 from onnx_remat.forked import Forked, in_forked_child, worth_sending_back
 from onnx_remat.graph import tags
+from onnx_remat.graph.bridge import new_node, new_variable
 from onnx_remat.graph.conventions import MS_DOMAIN
 from onnx_remat.ortsim.kernels import written_inputs
 from onnx_remat.remat import mask_packing
@@ -351,9 +352,9 @@ class RecomputeRewrite:
                     {tags.ROLE_KEY: tags.ROLE_PACK, tags.SOURCE_KEY: name},
                 )
             readers = [c for c in out.outputs if id(c) in tg.position and tg.is_forward(c)]
-            passed = gs.Variable(f"{out.name}/remat_pack", dtype=out.dtype, shape=out.shape)
-            waited = gs.Variable(f"{packed.packed.name}/remat_pack", dtype=packed.packed.dtype)
-            anchor = gs.Node(
+            passed = new_variable(f"{out.name}/remat_pack", dtype=out.dtype, shape=out.shape)
+            waited = new_variable(f"{packed.packed.name}/remat_pack", dtype=packed.packed.dtype)
+            anchor = new_node(
                 op="PassThrough",
                 name=f"{tags.pack_name(name)}/wait",
                 domain=MS_DOMAIN,
@@ -387,7 +388,7 @@ class RecomputeRewrite:
         mask = node.outputs[1]
         packed = self._packs[id(node)]
         name = node.name or f"{node.op}_{tg.position[id(node)]}"
-        mask_copy = gs.Variable(tags.clone_tensor_name(mask.name, copy), dtype=mask.dtype, shape=mask.shape)
+        mask_copy = new_variable(tags.clone_tensor_name(mask.name, copy), dtype=mask.dtype, shape=mask.shape)
         steps = mask_packing.unpack(
             gate(packed.packed),
             [gate(t) for t in packed.extra],
@@ -534,8 +535,8 @@ class RecomputeRewrite:
     def _fence_edge(self, tg: TrainingGraph, node: gs.Node, tensor: gs.Variable, reader: gs.Node, why: str) -> gs.Node:
         """A fence node that passes ``tensor``, ``node``'s output, to ``reader`` (rewired to read
         it); placed by the caller."""
-        fenced = gs.Variable(tags.fence_tensor_name(tensor.name), dtype=tensor.dtype, shape=tensor.shape)
-        fence = gs.Node(
+        fenced = new_variable(tags.fence_tensor_name(tensor.name), dtype=tensor.dtype, shape=tensor.shape)
+        fence = new_node(
             op="PassThrough", name=tags.fence_name(tensor.name), domain=MS_DOMAIN, inputs=[tensor], outputs=[fenced]
         )
         tg.mg.set_extras(
@@ -657,8 +658,8 @@ class RecomputeRewrite:
                 return None  # only the mask is needed: no replay of the output
             inputs = [work.source(t) for t in replay_inputs(node, node.inputs[0])]
             inputs[1] = mask_copy
-            outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
-            clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
+            outputs = [new_variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
+            clone = new_node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
             return clone, outputs, f"replays Dropout {node.name} from its packed mask"
         if (
             id(node) in self._seeded
@@ -669,13 +670,13 @@ class RecomputeRewrite:
         if replay:
             inputs = [work.source(t) for t in replay_inputs(node, node.inputs[0])]
             out = node.outputs[0]
-            outputs = [gs.Variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
-            clone = gs.Node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
+            outputs = [new_variable(tags.clone_tensor_name(out.name, copy), dtype=out.dtype, shape=out.shape)]
+            clone = new_node(op="DropoutGrad", name=name, domain=MS_DOMAIN, inputs=inputs, outputs=outputs)
             return clone, outputs, f"replays Dropout {node.name} from its stored mask"
         outputs = [
-            gs.Variable(tags.clone_tensor_name(o.name, copy), dtype=o.dtype, shape=o.shape)
+            new_variable(tags.clone_tensor_name(o.name, copy), dtype=o.dtype, shape=o.shape)
             if o.name
-            else gs.Variable.empty()
+            else new_variable("")
             for o in node.outputs
         ]
         inputs = [work.source(t) for t in node.inputs]
@@ -683,7 +684,7 @@ class RecomputeRewrite:
             if i < len(inputs) and inputs[i].name:
                 # gated even when an initializer, so the scratch waits for the barrier too
                 inputs[i] = self._scratch(tg, work.gate(node.inputs[i]), name, i, work.placed)
-        clone = gs.Node(
+        clone = new_node(
             op=node.op,
             name=name,
             domain=node.domain,
@@ -719,9 +720,9 @@ class RecomputeRewrite:
         label = work.label
         pass_inputs = work.gate_order + triggers
         pass_outputs = [work.gated[t.name] for t in work.gate_order] + [
-            gs.Variable(tags.gate_tensor_name(t.name, label), dtype=t.dtype, shape=t.shape) for t in triggers
+            new_variable(tags.gate_tensor_name(t.name, label), dtype=t.dtype, shape=t.shape) for t in triggers
         ]
-        barrier = gs.Node(
+        barrier = new_node(
             op="PassThrough", name=tags.barrier_name(label), domain=MS_DOMAIN, inputs=pass_inputs, outputs=pass_outputs
         )
         trigger_names = ", ".join(t.name for t in triggers) or "nothing"
@@ -741,8 +742,8 @@ class RecomputeRewrite:
         statistics a second time. ``Mul(tensor, 0)``: the values are never read (training mode
         normalizes with batch statistics)."""
         zero = gs.Constant(f"{clone}/scratch_zero_{index}", np.zeros((), dtype=tensor.dtype or np.float32))
-        buf = gs.Variable(f"{clone}/scratch_{index}", dtype=tensor.dtype, shape=tensor.shape)
-        node = gs.Node(op="Mul", name=f"{clone}/scratch_{index}", inputs=[tensor, zero], outputs=[buf])
+        buf = new_variable(f"{clone}/scratch_{index}", dtype=tensor.dtype, shape=tensor.shape)
+        node = new_node(op="Mul", name=f"{clone}/scratch_{index}", inputs=[tensor, zero], outputs=[buf])
         tg.mg.set_extras(
             node,
             f"onnx-remat: scratch buffer for input {index} of {clone}, which its kernel overwrites in place",
@@ -825,7 +826,7 @@ class _SegmentClones:
             return t
         out = self.gated.get(t.name)
         if out is None:
-            out = gs.Variable(tags.gate_tensor_name(t.name, self.label), dtype=t.dtype, shape=t.shape)
+            out = new_variable(tags.gate_tensor_name(t.name, self.label), dtype=t.dtype, shape=t.shape)
             self.gated[t.name] = out
             self.gate_order.append(t)
         return out

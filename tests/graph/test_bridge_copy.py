@@ -279,3 +279,32 @@ def test_tensor_map_of_odd_graphs_is_graphsurgeons():
     graph.outputs = [z]
     assert list(tensor_map(graph).items()) == list(graph.tensors().items())
     assert tensor_map(graph)["y"] is twin
+
+
+def _built(make_node, make_variable) -> gs.Graph:
+    """A small graph made with the given constructors: a node with attributes, one without a
+    name or attributes, a tensor read twice, an omitted optional input, a domain."""
+    x = make_variable("x", dtype=np.float32, shape=[2, 3])
+    w = make_variable("w", dtype=np.float32, shape=[3, 3])
+    y = make_variable("y", dtype=np.float32, shape=[2, 3])
+    z = make_variable("z")
+    empty = make_variable("")
+    a = make_node(op="MatMul", name="mm", inputs=[x, w], outputs=[y])
+    b = make_node(op="Dropout", inputs=[y, empty], outputs=[z], attrs={"seed": 1}, domain="com.microsoft")
+    c = make_node("Add", "add", None, [y, z], [make_variable("out", np.float32, (2, 3))])
+    return gs.Graph(nodes=[a, b, c], inputs=[x], outputs=[c.outputs[0]])
+
+
+def test_new_node_and_new_variable_build_what_graphsurgeons_constructors_build():
+    from onnx_remat.graph.bridge import new_node, new_variable
+
+    ours, theirs = _built(new_node, new_variable), _built(gs.Node, gs.Variable)
+    assert _edges(ours) == _edges(theirs)
+    assert _tensor_fields(ours) == _tensor_fields(theirs)
+    assert [(n.__dict__.keys(), type(n.attrs), repr(n.attrs), n.domain) for n in ours.nodes] == [
+        (n.__dict__.keys(), type(n.attrs), repr(n.attrs), n.domain) for n in theirs.nodes
+    ]
+    # the edges are graphsurgeon's synchronized lists: an edit through one end updates the other
+    y = ours.nodes[0].outputs[0]
+    ours.nodes[2].inputs[0] = ours.nodes[0].inputs[0]
+    assert ours.nodes[2] not in y.outputs and ours.nodes[2] in ours.nodes[0].inputs[0].outputs
