@@ -35,7 +35,7 @@ allocates ``n / 2`` bytes of int32 indices and the bool mask.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -102,7 +102,6 @@ def pack(
     shape: Sequence | None,
     prefix: str,
     constants: dict[str, gs.Constant],
-    make_node: Callable[..., gs.Node] = new_node,
 ) -> Packed:
     """Nodes packing the bool tensor ``mask`` (``shape``: its dims, ints or symbols) into bytes.
 
@@ -115,7 +114,7 @@ def pack(
 
     def add(op: str, suffix: str, inputs: list[gs.Tensor], dtype, out_shape=None, **attrs) -> gs.Variable:
         out = new_variable(f"{base}/{suffix}", dtype=dtype, shape=out_shape)
-        nodes.append(make_node(op=op, name=f"{prefix}/{suffix}", inputs=inputs, outputs=[out], attrs=attrs))
+        nodes.append(new_node(op=op, name=f"{prefix}/{suffix}", inputs=inputs, outputs=[out], attrs=attrs))
         return out
 
     extra: list[gs.Variable] = []
@@ -192,7 +191,6 @@ def unpack(
     out: gs.Variable,
     prefix: str,
     constants: dict[str, gs.Constant],
-    make_node: Callable[..., gs.Node] = new_node,
 ) -> list[gs.Node]:
     """Nodes turning ``packed`` (bytes from :func:`pack`) into the bool mask ``out``.
 
@@ -204,7 +202,7 @@ def unpack(
 
     def add(op: str, suffix: str, inputs: list[gs.Tensor], dtype, out_shape=None, result=None, **attrs):
         t = result if result is not None else new_variable(f"{base}/{suffix}", dtype=dtype, shape=out_shape)
-        nodes.append(make_node(op=op, name=f"{prefix}/{suffix}", inputs=inputs, outputs=[t], attrs=attrs))
+        nodes.append(new_node(op=op, name=f"{prefix}/{suffix}", inputs=inputs, outputs=[t], attrs=attrs))
         return t
 
     index = add("Cast", "index", [packed], np.int32, None, to=int(_onnx_type(np.int32)))
