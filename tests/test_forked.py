@@ -165,7 +165,7 @@ def test_the_check_process_gives_the_checks_verdict():
     stopped = CheckProcess.start(_unknown_op_model())
     assert stopped is not None
     stopped.cancel()
-    assert stopped._proc.returncode is not None  # reaped
+    assert stopped.returncode is not None  # reaped
 
 
 def test_a_check_started_ahead_is_taken_or_raised_as_the_check_raises():
@@ -205,22 +205,23 @@ def test_apply_and_schedule_take_the_check_the_schedule_started(monkeypatch):
     monkeypatch.setattr(schedule_module, "check_runtime_support", counted)
     monkeypatch.setattr(CheckProcess, "start", classmethod(counted_start))
     onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+    # the schedule command's graph moves leaves of its input only: the input's load check judged it
     onnx_remat.schedule(artifacts_dir("fc5"))
-    assert checked == ["rewritten model", "scheduled model"]  # small: checked here after the schedule
+    assert checked == ["rewritten model"]  # small: checked here after the schedule
     assert not started
     checked.clear()
     monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
     onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
     onnx_remat.schedule(artifacts_dir("fc5"))
-    assert len(started) == 2  # one written graph each
-    assert checked == []  # the verdicts came from the checks started when the schedule wrote them
-    onnx_remat.schedule(artifacts_dir("gpt"))  # no order lowers its peak: nothing written ahead
-    assert len(started) == 2 and checked == ["scheduled model"]
-    checked.clear()
+    # one check started, of the rewrite, beside its emulation: the schedule moves its leaves only
+    assert len(started) == 1
+    assert checked == []  # the verdicts came from the check started ahead, or the input's
+    onnx_remat.schedule(artifacts_dir("gpt"))  # no order lowers its peak: the input as it was
+    assert len(started) == 1 and checked == []
     # the chosen plan's schedule was made ahead, in a child beside the planner's rounds, and the
     # graph it writes checked there: the verdict comes with it, nothing is checked here
     onnx_remat.apply(artifacts_dir("blocks10"), budget="50%")
-    assert len(started) == 2 and checked == []
+    assert len(started) == 1 and checked == []
 
 
 def test_large_graphs_plans_keep_their_models_as_wire_bytes(monkeypatch):
@@ -335,8 +336,10 @@ def test_a_check_process_dies_with_the_process_that_started_it(tmp_path):
     def check_then_wait() -> None:
         checking = CheckProcess.start(model, str(handed))
         assert checking is not None
-        pid = checking._proc.pid
-        while handed.exists():  # read (and removed) once its parent-death signal is armed
+        pid = checking.pid
+        # The model is written by the check's own process before its exec; once it runs the check
+        # (exec'd) and the file is gone, it has read it, and its parent-death signal is armed.
+        while b"check_process" not in Path(f"/proc/{pid}/cmdline").read_bytes() or handed.exists():
             time.sleep(0.005)
         os.kill(pid, signal.SIGSTOP)
         pid_file.write_text(str(pid))

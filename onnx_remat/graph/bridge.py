@@ -46,6 +46,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues, SparseValues
 from onnx_graphsurgeon.util.misc import SynchronizedList
 
 from onnx_remat import collector
+from onnx_remat.graph.conventions import SUBGRAPH_ATTRIBUTES
 from onnx_remat.graph.proto_copy import copy_except
 
 
@@ -291,9 +292,6 @@ class GraphCopy:
         return self.tensors[id(tensor)]
 
 
-_SUBGRAPH_ATTRS = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-
-
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """``gs.import_onnx(model)``, the same graph built about 2x faster (models with local functions,
     sparse initializers or subgraphs go to ``gs.import_onnx`` itself).
@@ -309,7 +307,7 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     if (
         model.functions
         or graph.sparse_initializer
-        or any(a.type in _SUBGRAPH_ATTRS for n in graph.node for a in n.attribute)
+        or any(a.type in SUBGRAPH_ATTRIBUTES for n in graph.node for a in n.attribute)
     ):
         return gs.import_onnx(model)
     opset = OnnxImporter.get_opset(model)

@@ -17,8 +17,13 @@ from __future__ import annotations
 
 import re
 
+import onnx
+
 MS_DOMAIN = "com.microsoft"
 DEFAULT_DOMAINS = ("", "ai.onnx")
+# The attribute types that hold subgraphs (If, Loop, Scan bodies), whose nodes may read tensors of
+# the graph around them by name, which a node's input list does not show.
+SUBGRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 GRADIENT_DOC = "Backward pass"
 GRAD_SUFFIX = "_grad"

@@ -26,6 +26,7 @@ import os
 import onnx
 
 from onnx_remat.errors import RematError, one_line
+from onnx_remat.graph.conventions import SUBGRAPH_ATTRIBUTES
 from onnx_remat.graph.skeleton import INFERENCE_DATA_BYTES, skeleton_bytes, skeleton_header
 from onnx_remat.ortsim import ops_table as ort_ops
 from onnx_remat.ortsim.validity import check_initializer_data, check_types_and_shapes
@@ -37,7 +38,6 @@ _ONNX_DOMAINS = ("ai.onnx.ml", "ai.onnx.preview.training")
 # Where the checker's copy puts onnxruntime's own default-domain nodes: an unknown domain, which
 # onnx.checker does not look into.
 _SKIPPED_DOMAIN = "onnx_remat.onnxruntime_only"
-_GRAPH_ATTRIBUTES = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
 
 
 def _imports(model: onnx.ModelProto) -> dict[str, int]:
@@ -212,7 +212,7 @@ def _check_structure(
 
     def move(node: onnx.NodeProto) -> onnx.NodeProto | None:
         nonlocal moved
-        has_subgraphs = bool(node.attribute) and any(a.type in _GRAPH_ATTRIBUTES for a in node.attribute)
+        has_subgraphs = bool(node.attribute) and any(a.type in SUBGRAPH_ATTRIBUTES for a in node.attribute)
         if not has_subgraphs and not moves(node):
             return None
         holder = onnx.GraphProto()  # _nodes walks a graph: the copy and its subgraphs

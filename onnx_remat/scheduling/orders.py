@@ -212,6 +212,8 @@ def leaf_ranked_order(rg: RuntimeGraph, first_added: int, rank: Mapping[int, int
 
 class LeafOrders:
     """:func:`leaf_ranked_order` for one graph and any number of rankings: the graph is read once.
+    ``current``: the graph's DEFAULT order as it stands, if known (returned, not walked again, for a
+    ranking that leaves the leaves' order as it is).
 
     The walk runs on the graph's own node indices rather than the indices the moved leaves give:
     moving leaves changes only where each leaf stands. The walk visits producers in index order,
@@ -221,9 +223,12 @@ class LeafOrders:
     order the walk emits is the one the renumbered list gives, without renumbering every edge.
     """
 
-    def __init__(self, rg: RuntimeGraph, first_added: int):
+    def __init__(self, rg: RuntimeGraph, first_added: int, current: Sequence[int] | None = None):
         self.rg = rg
         self.first_added = first_added
+        # ``current``: rg's DEFAULT order as its node list stands (an emulation's order, where it is
+        # the DEFAULT one): the order of a ranking that keeps the leaves in their list order
+        self.current = current
         live = rg.live()
         self.producers: dict[int, list[int]] = {}
         self.has_consumer: set[int] = set()
@@ -248,6 +253,10 @@ class LeafOrders:
         if self.leaf_follows:
             return self._renumbered(rank)
         ranked = sorted(self.leaves, key=lambda i: -rank.get(i, -1))  # stable: ties by index
+        if self.current is not None and ranked == self.leaves:
+            # The leaves keep their order in the list, so the walk is the one it is now (a whole
+            # walk saved: the DEFAULT policy ranks them so, as the DEFAULT order runs them).
+            return list(self.current)
         # the indices in node-list order (default_order reads its leaves' order from it)
         return default_order(self.before + ranked + self.after, self.producers, self.has_consumer, self.follow)
 

@@ -16,11 +16,13 @@ their order, :mod:`onnx_remat.graph.random_order` pins them to the original one.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from itertools import chain
 
 import onnx
 
+from onnx_remat.graph.conventions import SUBGRAPH_ATTRIBUTES
 from onnx_remat.graph.node_list import with_nodes
 from onnx_remat.ortsim.graph import NodeIO, node_io
 
@@ -50,6 +52,17 @@ class LeafPlacer:
         self.movable = [k for k in model_leaves(model, io) if self.names[k]]
         moving = set(self.movable)
         self.rest = [k for k in range(len(self.nodes)) if k not in moving]
+
+    @functools.cached_property
+    def sorted_as_given(self) -> bool:
+        """Whether every node list :meth:`write` writes is, like the model's own, topologically
+        sorted, so that a model written differs from the model only in the order of its nodes:
+        onnxruntime's verdict on the model is then the written one's
+        (:meth:`~onnx_remat.scheduling.schedule.MemorySchedule.__call__`'s ``model_check``). A
+        moved leaf's outputs are read by no node, except where a subgraph reads them from the
+        outer scope, which :func:`~onnx_remat.ortsim.graph.node_io` does not list: a model with
+        subgraphs is not taken to stay sorted."""
+        return not any(a.type in SUBGRAPH_ATTRIBUTES for n in self.nodes if n.attribute for a in n.attribute)
 
     def positions(self, rank: Mapping[str, float]) -> list[int]:
         """The new node list as positions in the model's (see :func:`place_leaves`)."""

@@ -37,7 +37,7 @@ times with heaps, no recursion.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,7 +50,7 @@ from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, large_graph, worth_running_beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.check_process import CheckProcess, CheckVerdict
-from onnx_remat.ortsim.emulation import Emulation, emulate, emulate_rewrite, keep_random_order
+from onnx_remat.ortsim.emulation import DEFAULT_ORDER, Emulation, emulate, emulate_rewrite, keep_random_order
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
@@ -173,6 +173,7 @@ class MemorySchedule:
         sizes: TensorSizes | None = None,
         *,
         random_order: Sequence[str] | None = None,
+        model_check: CheckProcess | CheckVerdict | None = None,
     ) -> ScheduleResult:
         """Schedule ``model`` (``sizes``: its tensor sizes, symbolic dimensions bound; not changed),
         or the graph of an :class:`~onnx_remat.ortsim.emulation.Emulation` of it, which is then used
@@ -183,7 +184,15 @@ class MemorySchedule:
         them in another order (a recompute rewrite may), it is pinned first
         (:func:`~onnx_remat.ortsim.emulation.keep_random_order`), and that is the graph any
         order must beat.
-        """
+
+        ``model_check``: onnxruntime's verdict on ``model`` (a
+        :class:`~onnx_remat.ortsim.check_process.CheckProcess` still running, or a
+        :class:`~onnx_remat.ortsim.check_process.CheckVerdict`), which this call takes over. A graph
+        written from ``model`` by moving its leaves is the same nodes in another topological order
+        (:attr:`~onnx_remat.scheduling.realize.LeafPlacer.sorted_as_given`), so that verdict is its
+        own: it is handed on (``ScheduleResult.checking``) rather than a check started for it. It
+        is cancelled where the result is another graph (random-op pins, the gradients accumulated
+        another way)."""
         if isinstance(model, Emulation):
             given = model
         elif sizes is None:
@@ -191,67 +200,22 @@ class MemorySchedule:
         else:
             given = emulate(model, sizes)
         wanted_random = list(random_order) if random_order is not None else given.random_order()
+        checked_model = given.model  # the graph model_check judges
         given, given_pins = keep_random_order(given, wanted_random)
+        checks = _WrittenChecks(model_check if given.model is checked_model else None, given, self._check_ahead)
+        if model_check is not None and checks.inherited is None:
+            model_check.cancel()  # given was pinned: not the graph it judges
         graphs: list[tuple[str, Emulation]] = [("as given", given)]
         accumulation = accumulate_gradients(given.model, given.rg, given.order, self.grad_accumulation)
         if accumulation.gradients:
             acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
             graphs.append((self.grad_accumulation, emulate(accumulation.model, acc_sizes)))
-
-        candidates: list[tuple[Candidate, Emulation, dict[str, float] | None, Prediction | None]] = []
-        for label, g in graphs:
-            if g is not given:
-                candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
-            for policy, rank, predicted, plan in _predictions(g, self.policies):
-                ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
-                candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
-        candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
-
-        best: tuple[Candidate, Emulation, list[str]] | None = None
-        best_checking: CheckProcess | None = None  # the check of best's model, started ahead
-        checked_lists: dict[tuple[str, ...], int] = {}
+        candidates = self._candidates(graphs, given)
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
         tried = [c[0] for c in candidates]
         del candidates  # the other predicted plans can go (their figures stay in the Candidates)
-        placers: dict[int, LeafPlacer] = {}  # per graph (by id), its nodes and leaves read once
-        for cand, g, names, prediction in promising:
-            if best is not None and cand.predicted_peak_bytes >= best[1].planned_peak_bytes:
-                # To win, its written graph would have to plan below its own prediction. Not
-                # written: an emulation of the whole graph saved (seen on every graph of the corpus
-                # and the examples: no verified order planned below its prediction, 79 of 79).
-                continue
-            placer = placers.get(id(g))
-            if placer is None:
-                placer = placers[id(g)] = LeafPlacer(g.model, g.io)
-            positions = placer.positions(names) if names is not None else None
-            key = tuple(placer.names[k] for k in positions) if positions is not None else tuple(placer.names)
-            if key in checked_lists:  # another policy gave the same node list
-                cand.planned_peak_bytes = checked_lists[key]
-                continue
-            # the node list is known before it is written: a list written already costs no copy
-            written = placer.write(positions) if positions is not None else g.model
-            checking = self._check_ahead(written)
-            if positions is None:
-                emulated = g  # the graph as written: g is its emulation
-            else:  # the nodes as read for g: the same node objects, not written ones read again
-                io, protos = placer.io(positions), placer.protos(positions)
-                emulated = emulate(written, g.sizes, shapes_known=True, io=io, protos=protos)
-            if prediction is not None and isinstance(prediction[1], MemoryPlan):
-                # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
-                # the node list's order); where it runs exactly what was predicted, the predicted
-                # plan is its plan.
-                emulated.adopt_plan(g.rg, prediction[0], prediction[1])
-            checked, pins = keep_random_order(emulated, wanted_random)
-            cand.planned_peak_bytes = checked_lists[key] = checked.planned_peak_bytes
-            if best is None or checked.planned_peak_bytes < best[1].planned_peak_bytes:
-                best = (cand, checked, pins)
-                if best_checking is not None:
-                    best_checking.cancel()
-                # the check ahead was of the written graph: not of one random-op pins changed
-                best_checking, checking = (checking, None) if checked.model is written else (None, checking)
-            if checking is not None:
-                checking.cancel()
+        best, best_checking = _write_promising(promising, wanted_random, checks)
 
         result = ScheduleResult(
             model=given.model,
@@ -267,20 +231,118 @@ class MemorySchedule:
         if best is None or best[1].planned_peak_bytes >= given.planned_peak_bytes:
             result.notes.append("no order tried lowers the planned peak: the graph is left as it was")
             result.accumulated = []
-            if best_checking is not None:
-                best_checking.cancel()
+            checks.drop(best_checking)
+            result.checking = checks.inherited  # given.model is the graph it judges
             return result
         result.chosen, result.emulation, result.model = best[0], best[1], best[1].model
         result.checking = best_checking
+        checks.keep_only(best_checking)
         result.pins = given_pins + best[2]
         result.planned_peak_after = best[1].planned_peak_bytes
         if best[0].graph == "as given":
             result.accumulated = []
         return result
 
+    def _candidates(self, graphs: list[tuple[str, Emulation]], given: Emulation) -> list[_Candidate]:
+        """Every graph's candidates (its node list as written, where it is not the given graph,
+        and each policy's prediction), lowest predicted peak first."""
+        candidates: list[_Candidate] = []
+        for label, g in graphs:
+            if g is not given:
+                candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
+            for policy, rank, predicted, plan in _predictions(g, self.policies):
+                ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
+                candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
+        candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
+        return candidates
+
     def _check_ahead(self, written: onnx.ModelProto) -> CheckProcess | None:
         """The validity check of ``written`` started in a child process (``check_ahead``), or None."""
         return start_check(written) if self.check_ahead else None
+
+
+# A candidate order: what it is, the emulated graph it orders, its leaves' ranks by node name (None:
+# the node list as written) and its prediction (None: as written).
+_Candidate = tuple[Candidate, Emulation, "dict[str, float] | None", "Prediction | None"]
+Checking = CheckProcess | CheckVerdict
+
+
+class _WrittenChecks:
+    """The validity checks of the graphs a schedule writes: ``inherited``, the verdict on the given
+    graph (``model_check``), for a graph written by moving the given graph's leaves (the same nodes,
+    still sorted: :attr:`~onnx_remat.scheduling.realize.LeafPlacer.sorted_as_given`), else a check
+    started for the graph written (``start``, which may start none)."""
+
+    def __init__(
+        self, inherited: Checking | None, given: Emulation, start: Callable[[onnx.ModelProto], Checking | None]
+    ):
+        self.inherited = inherited
+        self.given = given
+        self.start = start
+
+    def of(self, g: Emulation, placer: LeafPlacer, written: onnx.ModelProto) -> Checking | None:
+        """The check of ``written``, a node list of ``g`` that ``placer`` wrote."""
+        if self.inherited is not None and g is self.given and placer.sorted_as_given:
+            return self.inherited
+        return self.start(written)
+
+    def drop(self, checking: Checking | None) -> None:
+        """Stop a check no longer wanted (the inherited one stays until :meth:`keep_only`)."""
+        if checking is not None and checking is not self.inherited:
+            checking.cancel()
+
+    def keep_only(self, checking: Checking | None) -> None:
+        """``checking`` is the one handed on: the inherited check goes unless it is that one."""
+        if self.inherited is not None and checking is not self.inherited:
+            self.inherited.cancel()
+
+
+def _write_promising(
+    promising: list[_Candidate], wanted_random: list[str], checks: _WrittenChecks
+) -> tuple[tuple[Candidate, Emulation, list[str]] | None, Checking | None]:
+    """Write the promising candidates' node lists in turn and emulate each again (its random ops
+    pinned to ``wanted_random`` where they changed order): the best (candidate, emulation, pins)
+    and the check of its graph. Each candidate's ``planned_peak_bytes`` is set where written."""
+    best: tuple[Candidate, Emulation, list[str]] | None = None
+    best_checking: Checking | None = None  # the check of best's model, started ahead
+    checked_lists: dict[tuple[str, ...], int] = {}
+    placers: dict[int, LeafPlacer] = {}  # per graph (by id), its nodes and leaves read once
+    for cand, g, names, prediction in promising:
+        if best is not None and cand.predicted_peak_bytes >= best[1].planned_peak_bytes:
+            # To win, its written graph would have to plan below its own prediction. Not
+            # written: an emulation of the whole graph saved (seen on every graph of the corpus
+            # and the examples: no verified order planned below its prediction, 79 of 79).
+            continue
+        placer = placers.get(id(g))
+        if placer is None:
+            placer = placers[id(g)] = LeafPlacer(g.model, g.io)
+        positions = placer.positions(names) if names is not None else None
+        key = tuple(placer.names[k] for k in positions) if positions is not None else tuple(placer.names)
+        if key in checked_lists:  # another policy gave the same node list
+            cand.planned_peak_bytes = checked_lists[key]
+            continue
+        # the node list is known before it is written: a list written already costs no copy
+        written = placer.write(positions) if positions is not None else g.model
+        checking = checks.of(g, placer, written)
+        if positions is None:
+            emulated = g  # the graph as written: g is its emulation
+        else:  # the nodes as read for g: the same node objects, not written ones read again
+            io, protos = placer.io(positions), placer.protos(positions)
+            emulated = emulate(written, g.sizes, shapes_known=True, io=io, protos=protos)
+        if prediction is not None and isinstance(prediction[1], MemoryPlan):
+            # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
+            # the node list's order); where it runs exactly what was predicted, the predicted
+            # plan is its plan.
+            emulated.adopt_plan(g.rg, prediction[0], prediction[1])
+        checked, pins = keep_random_order(emulated, wanted_random)
+        cand.planned_peak_bytes = checked_lists[key] = checked.planned_peak_bytes
+        if best is None or checked.planned_peak_bytes < best[1].planned_peak_bytes:
+            best = (cand, checked, pins)
+            checks.drop(best_checking)
+            # the check ahead was of the written graph: not of one random-op pins changed
+            best_checking, checking = (checking, None) if checked.model is written else (None, checking)
+        checks.drop(checking)
+    return best, best_checking
 
 
 def start_check(written: onnx.ModelProto) -> CheckProcess | None:
@@ -323,7 +385,8 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     own plan and predicts the others. The child sends back its order and planned peak
     (:class:`PredictedPeak`), not its plan. Its orders are matched against those here, so an order
     planned here keeps its plan, and the predictions' orders and peaks are the sequential ones."""
-    scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added)
+    current = g.order if g.order_source == DEFAULT_ORDER else None  # (not an order given by name)
+    scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added, current)
     ends = set(leaf_orders.leaves)
 
     def known(plans: list[Prediction], predicted: list[int]) -> MemoryPlan | PredictedPeak | None:
@@ -400,15 +463,21 @@ def order_rewrite(
     the graph ``model`` rewrites, if there is one: ``model``'s are then updated from those
     (:func:`~onnx_remat.ortsim.emulation.emulate_rewrite`), not inferred again. ``check_ahead``:
     the schedule's (:class:`MemorySchedule`), whose check the caller takes with
-    :func:`check_scheduled`. ``emulated``: an emulation of ``model`` made as this pass makes one
-    (``model`` the result of an earlier call without ``schedule``, whose emulation it is), used
-    rather than made again where the kernel workarounds leave ``model`` as it is.
+    :func:`check_scheduled`; the check of ``model`` itself is started first, beside its
+    emulation, and stands for the graphs the schedule writes by moving leaves (``model_check``).
+    ``emulated``: an emulation of ``model`` made as this pass makes one (``model`` the result of an
+    earlier call without ``schedule``, whose emulation it is), used rather than made again where
+    the kernel workarounds leave ``model`` as it is.
     """
     model, workarounds = fix_grouped_conv_grads(model)
     if emulated is not None and emulated.model is not model:
         emulated = None  # a workaround changed the graph: the emulation is not of it
     if not schedule and not emulation and len(random_order) < 2:
         return OrderedGraph(model, None, None, [], workarounds)
+    # The check of what the schedule writes, started on the rewrite itself, beside its emulation
+    # (the second core is otherwise idle there): the schedule's node lists only move leaves, so
+    # its verdict is theirs (MemorySchedule's model_check).
+    model_check = start_check(model) if schedule and check_ahead else None
     if emulated is not None:
         emu = emulated
     elif original_sizes is not None:
@@ -417,7 +486,7 @@ def order_rewrite(
         emu = emulate(model, TensorSizes(model, dims))
     if schedule:
         result = MemorySchedule(grad_accumulation=grad_accumulation, check_ahead=check_ahead)(
-            emu, random_order=random_order
+            emu, random_order=random_order, model_check=model_check
         )
         assert result.emulation is not None
         return OrderedGraph(result.model, result.emulation, result, list(result.pins), workarounds)
@@ -507,8 +576,11 @@ def schedule(
         before = estimate_emulated(analysis, original)
         fixed, workarounds = fix_grouped_conv_grads(analysis.model)
         given = original if fixed is analysis.model else emulate(fixed, analysis.sizes)
+        # The input passed onnxruntime's load check (runtime_judged settles it before anything is
+        # returned), which judges what check_runtime_support judges and more: a graph written from
+        # it by moving leaves is judged with it (MemorySchedule's model_check).
         result = MemorySchedule(grad_accumulation=grad_accumulation, check_ahead=True)(
-            given, random_order=original.random_order()
+            given, random_order=original.random_order(), model_check=CheckVerdict(True) if given is original else None
         )
         if workarounds:
             result.notes.append(WORKAROUND_NOTE.format(n=len(workarounds)))

@@ -239,3 +239,107 @@ def test_an_order_predicted_no_lower_than_a_verified_peak_is_not_written(emulati
     assert promising[1].planned_peak_bytes is None
     assert result.schedule.chosen is promising[0]
     assert emulations[0] == 2  # the given graph and the one order written
+
+
+class _Verdict:
+    """A stand-in for a check's verdict that records what became of it."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def result(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _node_multiset(model: onnx.ModelProto) -> list[bytes]:
+    return sorted(n.SerializeToString(deterministic=True) for n in model.graph.node)
+
+
+def test_a_graph_written_by_moving_leaves_is_judged_by_the_check_of_the_graph_it_moves():
+    """The schedule of blocks10 moves leaves only: the graph written is the given graph's nodes in
+    another topological order, so the verdict on the given graph is handed on as its own, and no
+    check of its own is started."""
+    from onnx_remat.ortsim.registry import check_runtime_support
+
+    model, sizes, _ = _graph("blocks10")
+    verdict = _Verdict()
+    schedule = MemorySchedule(check_ahead=True)
+    started: list[onnx.ModelProto] = []
+    schedule._check_ahead = lambda written: started.append(written)  # type: ignore[method-assign]
+    result = schedule(model, sizes, model_check=verdict)
+    assert result.changed and result.chosen.graph == "as given" and not result.pins
+    assert result.checking is verdict and not verdict.cancelled and not started
+    # what the verdict stands for: the same nodes, in an order onnx's checker takes as sorted
+    assert result.model is not model and _node_multiset(result.model) == _node_multiset(model)
+    check_runtime_support(result.model, "scheduled")
+
+
+def test_the_given_graphs_check_is_cancelled_where_the_schedule_writes_another_graph():
+    """Where the graph given is pinned first (its random ops ran out of order), or has subgraphs
+    (whose nodes may read a moved leaf's outputs), the verdict does not carry over."""
+    model = _two_dropouts()
+    assert _random_run_order(model) == ["drop_z", "drop_x"]
+    verdict = _Verdict()
+    result = MemorySchedule()(model, TensorSizes(model), random_order=["drop_x", "drop_z"], model_check=verdict)
+    assert result.pins and verdict.cancelled and result.checking is None
+
+    assert LeafPlacer(model).sorted_as_given
+    body = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "body", [], [])
+    with_if = onnx.ModelProto()
+    with_if.CopyFrom(model)
+    with_if.graph.node.add().CopyFrom(
+        helper.make_node("If", ["cond"], ["out"], name="branch", then_branch=body, else_branch=body)
+    )
+    assert not LeafPlacer(with_if).sorted_as_given
+
+
+def test_apply_checks_the_rewrite_once_beside_its_emulation(monkeypatch):
+    """On a large graph apply starts the output's check on the rewrite before the schedule
+    emulates it; the schedule's graph moves leaves only, so that check is the written graph's: one
+    check process, nothing checked in the command, and the same bytes written."""
+    from onnx_remat import forked
+    from onnx_remat.ortsim.check_process import CheckProcess
+    from onnx_remat.scheduling import schedule as schedule_module
+
+    here = onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+    started: list[onnx.ModelProto] = []
+    checked: list[str] = []
+    start = CheckProcess.start.__func__  # type: ignore[attr-defined]
+
+    def tracked_start(cls, model, path=None):
+        started.append(model)
+        return start(cls, model, path)
+
+    check = schedule_module.check_runtime_support
+
+    def tracked_check(model, where="model", **kwargs):
+        checked.append(where)
+        return check(model, where, **kwargs)
+
+    monkeypatch.setattr(CheckProcess, "start", classmethod(tracked_start))
+    monkeypatch.setattr(schedule_module, "check_runtime_support", tracked_check)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    beside = onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+    assert len(started) == 1 and not checked
+    assert beside.schedule is not None and beside.schedule.chosen.graph == "as given"
+    assert _node_multiset(started[0]) == _node_multiset(beside.model)
+    assert beside.model.SerializeToString() == here.model.SerializeToString()
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_ranking_that_keeps_the_leaves_order_predicts_the_current_order(name):
+    """What LeafOrders returns without a walk when given the current order (the DEFAULT policy's
+    ranking keeps the leaves in their list order) is what the walk gives."""
+    from onnx_remat.scheduling.orders import LeafOrders
+
+    _, _, g = _graph(name)
+    walked = LeafOrders(g.rg, g.first_added)
+    rank = {i: k for k, i in enumerate(g.order) if i in set(walked.leaves)}
+    assert walked.order(rank) == g.order
+    known = LeafOrders(g.rg, g.first_added, g.order)
+    assert known.order(rank) == g.order and known.order(rank) is not g.order
+    reversed_rank = {i: -k for i, k in rank.items()}
+    assert known.order(reversed_rank) == walked.order(reversed_rank)
