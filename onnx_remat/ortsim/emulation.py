@@ -54,6 +54,7 @@ class Emulation:
     matched_order_nodes: int | None = None  # with an order given by name: nodes matched
     io: NodeIO | None = field(default=None, repr=False)
     _plan: MemoryPlan | None = field(default=None, repr=False)
+    _peak: int | None = field(default=None, repr=False)  # the plan's peak, planned elsewhere (know_peak)
     _names: list[str] | None = field(default=None, repr=False)
     _by_name: dict[str, int] | None = field(default=None, repr=False)
     _random: set[str] | None = field(default=None, repr=False)
@@ -67,7 +68,23 @@ class Emulation:
 
     @property
     def planned_peak_bytes(self) -> int:
+        """The planned peak of ``order``: the plan's (made if not made yet, unless the peak is known:
+        :meth:`know_peak`)."""
+        if self._plan is None and self._peak is not None:
+            return self._peak
         return self.plan.planned_peak_bytes
+
+    @property
+    def planned(self) -> bool:
+        """Whether the plan has been made (or adopted) already."""
+        return self._plan is not None
+
+    def know_peak(self, peak: int) -> None:
+        """Take ``peak`` as the planned peak of ``order``, planned in another process (a forked
+        child given this emulation): :attr:`planned_peak_bytes` answers from it, and the plan
+        itself is made only when asked for. The memory schedule asks only the peak of a graph it
+        reorders, unless no order beats it."""
+        self._peak = peak
 
     @property
     def names_in_order(self) -> list[str]:

@@ -36,6 +36,7 @@ times with heaps, no recursion.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -381,10 +382,12 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     Policies often predict the same order (the DEFAULT policy: the graph's own, whose plan the
     emulation makes anyway): an order's plan is made once. Each policy's order and plan take about
     2 s at 10^5 nodes, and depend on the graph alone: on a large graph the last policy is predicted
-    in a forked child (:class:`onnx_remat.forked.Forked`) while this process makes the emulation's
-    own plan and predicts the others. The child sends back its order and planned peak
-    (:class:`PredictedPeak`), not its plan. Its orders are matched against those here, so an order
-    planned here keeps its plan, and the predictions' orders and peaks are the sequential ones."""
+    in a forked child (:class:`onnx_remat.forked.Forked`) while this process predicts the others,
+    and the emulation's own plan, where not made yet, in a second one, which sends back its peak
+    (:meth:`~onnx_remat.ortsim.emulation.Emulation.know_peak`). The children send back orders and
+    planned peaks (:class:`PredictedPeak`), not plans. Their orders are matched against those here,
+    so an order planned here keeps its plan, and the predictions' orders and peaks are the
+    sequential ones."""
     current = g.order if g.order_source == DEFAULT_ORDER else None  # (not an order given by name)
     scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added, current)
     ends = set(leaf_orders.leaves)
@@ -414,15 +417,31 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
             for p, rank, order, plan in predict(policies[-1:], [])
         ]
 
-    with Forked.start(predicted_in_child) as rest:
-        plans: list[Prediction] = [(g.order, g.plan)]
+    # The emulation's own plan is asked for its peak alone, unless no order beats it (then the
+    # result is the graph as given, whose plan its estimate reads): where it is not made yet, a
+    # second child plans it, and this process takes the peak (Emulation.know_peak).
+    if any(policy != "default" for policy in policies):
+        scheduler.prepare()  # shared by the walks here and in the child, rather than made in each
+    own_peak = None if g.planned else Forked.start(lambda: g.planned_peak_bytes)
+    own: MemoryPlan | PredictedPeak = g.plan if own_peak is None else _OWN_PENDING
+    with own_peak or contextlib.nullcontext(), Forked.start(predicted_in_child) as rest:
+        plans: list[Prediction] = [(g.order, own)]
         out = predict(policies[:-1], plans)
         for policy, rank, predicted, plan in rest.result():
             same = known(plans, predicted)
             if same is None:
                 plans.append((predicted, plan))
             out.append((policy, rank, predicted, plan if same is None else same))
+        if own_peak is not None:
+            g.know_peak(own_peak.result())
+    if own is _OWN_PENDING:
+        taken = PredictedPeak(g.planned_peak_bytes)
+        out = [(p, rank, order, taken if plan is _OWN_PENDING else plan) for p, rank, order, plan in out]
     return out
+
+
+# Stands for the emulation's own plan in _predictions while a child plans it.
+_OWN_PENDING = PredictedPeak(-1)
 
 
 @dataclass

@@ -343,3 +343,25 @@ def test_a_ranking_that_keeps_the_leaves_order_predicts_the_current_order(name):
     assert known.order(rank) == g.order and known.order(rank) is not g.order
     reversed_rank = {i: -k for i, k in rank.items()}
     assert known.order(reversed_rank) == walked.order(reversed_rank)
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt"])
+def test_predictions_made_beside_are_the_sequential_ones(name, monkeypatch):
+    """On a large graph the last policy and the emulation's own plan are predicted in forked
+    children: the orders and planned peaks are those predicted in one process, the own plan's peak
+    is known without its plan being made here, and the schedule it leads to is the same."""
+    from onnx_remat import forked
+    from onnx_remat.scheduling.schedule import _predictions
+
+    model, sizes, sequential_g = _graph(name)
+    sequential = _predictions(sequential_g, POLICIES)
+    here = MemorySchedule()(model, sizes)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    _, _, g = _graph(name)
+    beside = _predictions(g, POLICIES)
+    assert [(p, rank, order, plan.planned_peak_bytes) for p, rank, order, plan in beside] == [
+        (p, rank, order, plan.planned_peak_bytes) for p, rank, order, plan in sequential
+    ]
+    assert not g.planned and g.planned_peak_bytes == sequential_g.planned_peak_bytes
+    assert g.plan.planned_peak_bytes == g.planned_peak_bytes  # made when asked for
+    assert MemorySchedule()(model, sizes).summary() == here.summary()
