@@ -18,6 +18,7 @@ and emulates the pinned graph.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,11 @@ class Emulation:
     io: NodeIO | None = field(default=None, repr=False)
     _plan: MemoryPlan | None = field(default=None, repr=False)
     _peak: int | None = field(default=None, repr=False)  # the plan's peak, planned elsewhere (know_peak)
+    # An emulation of ``model`` made from another graph's (:func:`stand_in`): ``rg`` is that graph's,
+    # numbered by its node list rather than ``model``'s. Every query reads steps, names and tensors
+    # and answers as ``model``'s own emulation would; what reads node indices as node list positions
+    # (the memory schedule's predictions) emulates ``model`` afresh.
+    stands_in: bool = False
     _names: list[str] | None = field(default=None, repr=False)
     _by_name: dict[str, int] | None = field(default=None, repr=False)
     _random: set[str] | None = field(default=None, repr=False)
@@ -122,15 +128,7 @@ class Emulation:
                 or not a.same_attrs(b)
             ):
                 return False
-        # The planner lists tensors as it meets them: graph inputs, initializers (in the graph's
-        # order, which follows the node list where Constant nodes became initializers), then what
-        # each step writes. Only the initializers' order can differ here.
-        tensors = {t: plan.tensors[t] for t in ours.graph_inputs}
-        for t in ours.initializers:
-            tensors.setdefault(t, plan.tensors[t])
-        for t, p in plan.tensors.items():
-            tensors.setdefault(t, p)
-        self._plan = dataclasses.replace(plan, order=list(self.order), tensors=tensors)
+        self._plan = _plan_for(ours, self.order, plan)
         return True
 
     def runs_as_written(self, name: str, inputs: Sequence[str], readers: Sequence[str]) -> bool:
@@ -158,6 +156,77 @@ class Emulation:
         """Names of the model's random ops that draw from the global generator, in the order they run."""
         wanted = self.random_names
         return [name for name in self.names_in_order if name in wanted]
+
+
+def _plan_for(rg: RuntimeGraph, order: Sequence[int], plan: MemoryPlan) -> MemoryPlan:
+    """``plan``, made for a graph that runs the same steps as ``order`` of ``rg``, as the plan of
+    ``order``: the planner lists tensors as it meets them (graph inputs, initializers in the graph's
+    order, which follows the node list where Constant nodes became initializers, then what each step
+    writes), and only the initializers' order can differ."""
+    tensors = {t: plan.tensors[t] for t in rg.graph_inputs}
+    for t in rg.initializers:
+        tensors.setdefault(t, plan.tensors[t])
+    for t, p in plan.tensors.items():
+        tensors.setdefault(t, p)
+    return dataclasses.replace(plan, order=list(order), tensors=tensors)
+
+
+def runs_the_same(emulation: Emulation, rg: RuntimeGraph, order: Sequence[int]) -> bool:
+    """Whether ``emulation`` runs what ``order`` of ``rg`` runs, as every query on an emulation reads
+    it: step for step the same nodes (names, the model nodes they stand for, ops, tensors and
+    attributes), every live node in the order, the same graph inputs, outputs and initializers, the
+    same tensor sizes (the same object) and the same rewrites counted. Node indices may differ, and
+    the initializers' order (constant folding makes them in the order it walks). Then ``order``'s
+    plan is ``emulation``'s (its tensors in ``emulation``'s initializers' order), and an
+    :class:`Emulation` of ``rg`` running ``order`` with those initializers answers every query as
+    ``emulation`` does (:func:`stand_in`)."""
+    ours = emulation.rg
+    if (
+        len(emulation.order) != len(order)
+        or ours.sizes is not rg.sizes
+        or ours.graph_inputs != rg.graph_inputs
+        or ours.graph_outputs != rg.graph_outputs
+        or ours.initializers.keys() != rg.initializers.keys()
+        or ours.rewrites != rg.rewrites
+        or sum(1 for _ in ours.live()) != len(order)
+    ):
+        return False
+    at_ours, at_theirs = ours.at, rg.at
+    for i, j in zip(emulation.order, order):
+        a, b = at_ours(i), at_theirs(j)
+        if (
+            a.name != b.name
+            or a.origin != b.origin
+            or a.op != b.op
+            or a.domain != b.domain
+            or a.inputs != b.inputs
+            or a.outputs != b.outputs
+            or not a.same_attrs(b)
+        ):
+            return False
+    return True
+
+
+def stand_in(
+    emulation: Emulation,
+    model: onnx.ModelProto,
+    io: NodeIO | None,
+    order: Sequence[int],
+    plan: MemoryPlan,
+    initializers: Sequence[str],
+) -> Emulation:
+    """The emulation of ``model``, a node list of ``emulation.model`` (``io``: its
+    :func:`~onnx_remat.ortsim.graph.node_io`), made of ``emulation``'s graph running ``order``, whose
+    plan is ``plan`` (:func:`~onnx_remat.ortsim.planner.plan_memory` of ``order``), rather than
+    emulated from scratch: only where ``model`` emulated from scratch :func:`runs_the_same` as
+    ``order``, with its initializers in the order ``initializers`` (the caller has checked it: the
+    memory schedule, in a forked child, beside its own work). ``emulation`` is not changed; its
+    graph's nodes and maps are shared (no query changes them), its initializers put in that order."""
+    rg = copy.copy(emulation.rg)  # (shallow: the nodes and maps are the graph's)
+    rg.initializers = {name: emulation.rg.initializers[name] for name in initializers}
+    adopted = Emulation(model, emulation.sizes, rg, emulation.first_added, list(order), io=io, stands_in=True)
+    adopted._plan = _plan_for(rg, order, plan)
+    return adopted
 
 
 def emulate(

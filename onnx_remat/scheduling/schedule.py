@@ -36,7 +36,6 @@ times with heaps, no recursion.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +50,15 @@ from onnx_remat.errors import RematError
 from onnx_remat.forked import Forked, large_graph, worth_running_beside
 from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE, fix_grouped_conv_grads
 from onnx_remat.ortsim.check_process import CheckProcess, CheckVerdict
-from onnx_remat.ortsim.emulation import DEFAULT_ORDER, Emulation, emulate, emulate_rewrite, keep_random_order
+from onnx_remat.ortsim.emulation import (
+    DEFAULT_ORDER,
+    Emulation,
+    emulate,
+    emulate_rewrite,
+    keep_random_order,
+    runs_the_same,
+    stand_in,
+)
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
@@ -195,7 +202,8 @@ class MemorySchedule:
         is cancelled where the result is another graph (random-op pins, the gradients accumulated
         another way)."""
         if isinstance(model, Emulation):
-            given = model
+            # a stand-in's node indices are another node list's: the predictions read them as its own
+            given = model if not model.stands_in else emulate(model.model, model.sizes, shapes_known=True, io=model.io)
         elif sizes is None:
             raise TypeError("MemorySchedule: give the model's sizes, or an Emulation of it")
         else:
@@ -211,12 +219,18 @@ class MemorySchedule:
         if accumulation.gradients:
             acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
             graphs.append((self.grad_accumulation, emulate(accumulation.model, acc_sizes)))
-        candidates = self._candidates(graphs, given)
+        verifying: dict[int, Forked[list[str] | None]] = {}  # id(predicted order) -> its written graph's check
+        candidates = self._candidates(graphs, given, verifying)
         # Only predictions below the input's peak are worth writing (a handful at most).
         promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
         tried = [c[0] for c in candidates]
         del candidates  # the other predicted plans can go (their figures stay in the Candidates)
-        best, best_checking = _write_promising(promising, wanted_random, checks)
+        try:
+            best, best_checking = _write_promising(promising, wanted_random, checks, verifying)
+        finally:
+            for pending in verifying.values():
+                pending.cancel()
+            del verifying
 
         result = ScheduleResult(
             model=given.model,
@@ -244,15 +258,22 @@ class MemorySchedule:
             result.accumulated = []
         return result
 
-    def _candidates(self, graphs: list[tuple[str, Emulation]], given: Emulation) -> list[_Candidate]:
+    def _candidates(
+        self, graphs: list[tuple[str, Emulation]], given: Emulation, verifying: dict[int, Forked[list[str] | None]]
+    ) -> list[_Candidate]:
         """Every graph's candidates (its node list as written, where it is not the given graph,
-        and each policy's prediction), lowest predicted peak first."""
+        and each policy's prediction), lowest predicted peak first. Where the predictions are made
+        beside, the graph written for the first new order predicted here (the ``freeing`` policy's,
+        the one most often written: it comes first among equal predictions) is emulated in a forked
+        child as soon as the order is known, to check that it runs as predicted (``verifying``, by
+        the predicted order's id: taken by :func:`_write_promising`)."""
         candidates: list[_Candidate] = []
         for label, g in graphs:
             if g is not given:
                 candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
-            for policy, rank, predicted, plan in _predictions(g, self.policies):
-                ranks = {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
+
+            for policy, rank, predicted, plan in _predictions(g, self.policies, _verify_first(g, verifying)):
+                ranks = _leaf_ranks(g, rank)
                 candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
         candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
         return candidates
@@ -299,11 +320,20 @@ class _WrittenChecks:
 
 
 def _write_promising(
-    promising: list[_Candidate], wanted_random: list[str], checks: _WrittenChecks
+    promising: list[_Candidate],
+    wanted_random: list[str],
+    checks: _WrittenChecks,
+    verifying: dict[int, Forked[list[str] | None]] | None = None,
 ) -> tuple[tuple[Candidate, Emulation, list[str]] | None, Checking | None]:
     """Write the promising candidates' node lists in turn and emulate each again (its random ops
     pinned to ``wanted_random`` where they changed order): the best (candidate, emulation, pins)
-    and the check of its graph. Each candidate's ``planned_peak_bytes`` is set where written."""
+    and the check of its graph. Each candidate's ``planned_peak_bytes`` is set where written.
+
+    A graph emulated again in a forked child already (``verifying``: :func:`_runs_as_predicted`, by
+    the predicted order's id) is not emulated here: where it runs exactly the predicted steps, its
+    emulation is the predicted one (:func:`~onnx_remat.ortsim.emulation.stand_in`), which answers
+    every query as the one made here would; where it does not, it is emulated here."""
+    verifying = verifying if verifying is not None else {}
     best: tuple[Candidate, Emulation, list[str]] | None = None
     best_checking: Checking | None = None  # the check of best's model, started ahead
     checked_lists: dict[tuple[str, ...], int] = {}
@@ -325,12 +355,16 @@ def _write_promising(
         # the node list is known before it is written: a list written already costs no copy
         written = placer.write(positions) if positions is not None else g.model
         checking = checks.of(g, placer, written)
+        verified = verifying.pop(id(prediction[0]), None) if prediction is not None else None
+        initializers = verified.result() if verified is not None and positions is not None else None
         if positions is None:
             emulated = g  # the graph as written: g is its emulation
+        elif prediction is not None and isinstance(prediction[1], MemoryPlan) and initializers is not None:
+            emulated = stand_in(g, written, placer.io(positions), prediction[0], prediction[1], initializers)
         else:  # the nodes as read for g: the same node objects, not written ones read again
             io, protos = placer.io(positions), placer.protos(positions)
             emulated = emulate(written, g.sizes, shapes_known=True, io=io, protos=protos)
-        if prediction is not None and isinstance(prediction[1], MemoryPlan):
+        if prediction is not None and isinstance(prediction[1], MemoryPlan) and not emulated.stands_in:
             # The written graph is emulated from scratch (onnxruntime's rewrites can depend on
             # the node list's order); where it runs exactly what was predicted, the predicted
             # plan is its plan.
@@ -344,6 +378,41 @@ def _write_promising(
             best_checking, checking = (checking, None) if checked.model is written else (None, checking)
         checks.drop(checking)
     return best, best_checking
+
+
+def _verify_first(g: Emulation, verifying: dict[int, Forked[list[str] | None]]) -> OrderHook:
+    """The hook that starts :func:`_runs_as_predicted` in a forked child for the first new order
+    predicted for ``g`` (into ``verifying``, by the order's id), and for no other: with this process
+    and the child predicting, another would be a fourth process on two cores."""
+    started = False
+
+    def new_order(rank: dict[int, int], predicted: list[int]) -> None:
+        nonlocal started
+        if not started:
+            started = True
+            ranks = _leaf_ranks(g, rank)
+            verifying[id(predicted)] = Forked.start(lambda: _runs_as_predicted(g, ranks, predicted))
+
+    return new_order
+
+
+def _leaf_ranks(g: Emulation, rank: dict[int, int]) -> dict[str, float]:
+    """A prediction's leaf ranks (by runtime node) as the ranks of the model's nodes, by name."""
+    return {name: float(k) for i, k in rank.items() for name in g.rg.at(i).origin}
+
+
+def _runs_as_predicted(g: Emulation, ranks: dict[str, float], predicted: list[int]) -> list[str] | None:
+    """Whether the graph written from ``g``'s model with its leaves ranked by ``ranks`` runs,
+    emulated from scratch as :func:`_write_promising` emulates it, exactly ``predicted`` of ``g``'s
+    graph (:func:`~onnx_remat.ortsim.emulation.runs_the_same`): then its initializers' names, in
+    its order; else None. Made in a forked child: it changes ``g``'s sizes, as that emulation does
+    (the same sizes, added again)."""
+    placer = LeafPlacer(g.model, g.io)
+    positions = placer.positions(ranks)
+    written = placer.write(positions)
+    io, protos = placer.io(positions), placer.protos(positions)
+    emulated = emulate(written, g.sizes, shapes_known=True, io=io, protos=protos)
+    return list(emulated.rg.initializers) if runs_the_same(emulated, g.rg, predicted) else None
 
 
 def start_check(written: onnx.ModelProto) -> CheckProcess | None:
@@ -371,12 +440,15 @@ def check_scheduled(result: ScheduleResult | None, model: onnx.ModelProto, where
     check_runtime_support(model, where)
 
 
+# Called with a prediction's leaf ranks and predicted order as soon as the order is known.
+OrderHook = Callable[[dict[int, int], list[int]], None]
+
 # What a list scheduler's policy predicts for a graph: the policy, the rank it gives the graph's
 # leaves, the order onnxruntime would then run, and that order's memory plan.
 PolicyPrediction = tuple[str, dict[int, int], list[int], MemoryPlan | PredictedPeak]
 
 
-def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction]:
+def _predictions(g: Emulation, policies: Sequence[str], new_order: OrderHook | None = None) -> list[PolicyPrediction]:
     """Each policy's prediction for the graph of ``g``, in the order of ``policies``.
 
     Policies often predict the same order (the DEFAULT policy: the graph's own, whose plan the
@@ -387,7 +459,9 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     (:meth:`~onnx_remat.ortsim.emulation.Emulation.know_peak`). The children send back orders and
     planned peaks (:class:`PredictedPeak`), not plans. Their orders are matched against those here,
     so an order planned here keeps its plan, and the predictions' orders and peaks are the
-    sequential ones."""
+    sequential ones. ``new_order``: where there is a child, called with the rank and the order of
+    each prediction made in this process that is not the graph's own order, as soon as the order is
+    known (before its plan), while the child still works."""
     current = g.order if g.order_source == DEFAULT_ORDER else None  # (not an order given by name)
     scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added, current)
     ends = set(leaf_orders.leaves)
@@ -395,7 +469,9 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     def known(plans: list[Prediction], predicted: list[int]) -> MemoryPlan | PredictedPeak | None:
         return next((p for o, p in plans if o == predicted), None)
 
-    def predict(some: Sequence[str], plans: list[Prediction]) -> list[PolicyPrediction]:
+    def predict(
+        some: Sequence[str], plans: list[Prediction], new_order: OrderHook | None = None
+    ) -> list[PolicyPrediction]:
         out: list[PolicyPrediction] = []
         for policy in some:
             target = scheduler.order(policy)
@@ -403,6 +479,8 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
             predicted = leaf_orders.order(rank)
             plan = known(plans, predicted)
             if plan is None:
+                if new_order is not None:
+                    new_order(rank, predicted)
                 plan = plan_memory(g.rg, predicted)
                 plans.append((predicted, plan))
             out.append((policy, rank, predicted, plan))
@@ -411,29 +489,34 @@ def _predictions(g: Emulation, policies: Sequence[str]) -> list[PolicyPrediction
     if not worth_running_beside(len(g.order)) or len(policies) < 2:
         return predict(policies, [(g.order, g.plan)])
 
-    def predicted_in_child() -> list[PolicyPrediction]:
-        return [
+    own_planned = g.planned
+
+    def predicted_in_child() -> tuple[list[PolicyPrediction], int | None]:
+        predicted: list[PolicyPrediction] = [
             (p, rank, order, PredictedPeak(plan.planned_peak_bytes))
             for p, rank, order, plan in predict(policies[-1:], [])
         ]
+        return predicted, None if own_planned else g.planned_peak_bytes
 
     # The emulation's own plan is asked for its peak alone, unless no order beats it (then the
-    # result is the graph as given, whose plan its estimate reads): where it is not made yet, a
-    # second child plans it, and this process takes the peak (Emulation.know_peak).
+    # result is the graph as given, whose plan its estimate reads): where it is not made yet, the
+    # child plans it after its policy, and this process takes the peak (Emulation.know_peak). This
+    # process predicts the other policies meanwhile, and can start work on their orders
+    # (``made_here``) while the child still works.
     if any(policy != "default" for policy in policies):
         scheduler.prepare()  # shared by the walks here and in the child, rather than made in each
-    own_peak = None if g.planned else Forked.start(lambda: g.planned_peak_bytes)
-    own: MemoryPlan | PredictedPeak = g.plan if own_peak is None else _OWN_PENDING
-    with own_peak or contextlib.nullcontext(), Forked.start(predicted_in_child) as rest:
+    own: MemoryPlan | PredictedPeak = g.plan if own_planned else _OWN_PENDING
+    with Forked.start(predicted_in_child) as rest:
         plans: list[Prediction] = [(g.order, own)]
-        out = predict(policies[:-1], plans)
-        for policy, rank, predicted, plan in rest.result():
+        out = predict(policies[:-1], plans, new_order)
+        theirs, own_peak = rest.result()
+        for policy, rank, predicted, plan in theirs:
             same = known(plans, predicted)
             if same is None:
                 plans.append((predicted, plan))
             out.append((policy, rank, predicted, plan if same is None else same))
-        if own_peak is not None:
-            g.know_peak(own_peak.result())
+    if own_peak is not None:
+        g.know_peak(own_peak)
     if own is _OWN_PENDING:
         taken = PredictedPeak(g.planned_peak_bytes)
         out = [(p, rank, order, taken if plan is _OWN_PENDING else plan) for p, rank, order, plan in out]

@@ -365,3 +365,36 @@ def test_predictions_made_beside_are_the_sequential_ones(name, monkeypatch):
     assert not g.planned and g.planned_peak_bytes == sequential_g.planned_peak_bytes
     assert g.plan.planned_peak_bytes == g.planned_peak_bytes  # made when asked for
     assert MemorySchedule()(model, sizes).summary() == here.summary()
+
+
+@pytest.mark.parametrize("name", ["blocks10", "blocks10_dynamo", "fc5"])
+def test_a_written_graph_checked_beside_stands_in_for_its_emulation(name, monkeypatch):
+    """Where the predictions are made beside, the graph written for the lowest prediction made here
+    is emulated in a forked child meanwhile; running exactly the predicted steps, it is not emulated
+    again here: its emulation is the predicted one (a stand-in), whose estimate is the written
+    graph's own emulation's, figure for figure and name for name. A stand-in given to the schedule
+    again is emulated afresh (its node indices are another node list's)."""
+    from onnx_remat import forked
+    from onnx_remat.memory import memory_estimate
+
+    model, sizes, _ = _graph(name)
+    here = MemorySchedule()(model, sizes)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    beside = MemorySchedule()(model, sizes)
+    assert beside.summary() == here.summary()
+    assert beside.model.SerializeToString() == here.model.SerializeToString()
+    assert beside.changed and beside.emulation is not None and beside.emulation.stands_in
+    assert here.emulation is not None and not here.emulation.stands_in
+    assert memory_estimate(beside.emulation).to_json() == memory_estimate(here.emulation).to_json()
+    # what the child checks: the written graph, emulated from scratch, runs the predicted steps
+    from onnx_remat.scheduling.schedule import _leaf_ranks, _predictions, _runs_as_predicted
+
+    _, _, g = _graph(name)
+    reordered = [(rank, predicted) for _, rank, predicted, _ in _predictions(g, POLICIES) if predicted != g.order]
+    assert reordered
+    for rank, predicted in reordered:
+        assert _runs_as_predicted(g, _leaf_ranks(g, rank), predicted) == list(beside.emulation.rg.initializers)
+        assert _runs_as_predicted(g, _leaf_ranks(g, rank), list(reversed(predicted))) is None
+    again = MemorySchedule()(beside.emulation)
+    assert again.planned_peak_before == here.planned_peak_after
+    assert again.summary() == MemorySchedule()(here.emulation).summary()
