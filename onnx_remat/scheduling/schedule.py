@@ -455,9 +455,9 @@ def _predictions(g: Emulation, policies: Sequence[str], new_order: OrderHook | N
     emulation makes anyway): an order's plan is made once. Each policy's order and plan take about
     2 s at 10^5 nodes, and depend on the graph alone: on a large graph the last policy is predicted
     in a forked child (:class:`onnx_remat.forked.Forked`) while this process predicts the others,
-    and the emulation's own plan, where not made yet, in a second one, which sends back its peak
-    (:meth:`~onnx_remat.ortsim.emulation.Emulation.know_peak`). The children send back orders and
-    planned peaks (:class:`PredictedPeak`), not plans. Their orders are matched against those here,
+    and the emulation's own plan, where not made yet, after it in the same child, which sends back
+    its peak (:meth:`~onnx_remat.ortsim.emulation.Emulation.know_peak`). The child sends back orders
+    and planned peaks (:class:`PredictedPeak`), not plans. Its orders are matched against those here,
     so an order planned here keeps its plan, and the predictions' orders and peaks are the
     sequential ones. ``new_order``: where there is a child, called with the rank and the order of
     each prediction made in this process that is not the graph's own order, as soon as the order is
@@ -502,7 +502,7 @@ def _predictions(g: Emulation, policies: Sequence[str], new_order: OrderHook | N
     # result is the graph as given, whose plan its estimate reads): where it is not made yet, the
     # child plans it after its policy, and this process takes the peak (Emulation.know_peak). This
     # process predicts the other policies meanwhile, and can start work on their orders
-    # (``made_here``) while the child still works.
+    # (``new_order``) while the child still works.
     if any(policy != "default" for policy in policies):
         scheduler.prepare()  # shared by the walks here and in the child, rather than made in each
     own: MemoryPlan | PredictedPeak = g.plan if own_planned else _OWN_PENDING
