@@ -204,14 +204,23 @@ class RecomputeRewrite:
         with the child: copying the graph and freeing the copy took 2.4 s of a 10^5-node rewrite,
         sending the result back 0.4 s. Where the child fails, it is made here on a copy.
         """
+        return self.begin(tg, plan)()
+
+    def begin(self, tg: TrainingGraph, plan: RecomputePlan) -> Callable[[], RewriteResult]:
+        """Start :meth:`__call__`'s rewrite and return what takes its result:
+        ``finish = RecomputeRewrite().begin(tg, plan)``, other work, then ``finish()``, which returns
+        what ``RecomputeRewrite()(tg, plan)`` returns. On a large graph the rewrite is made in its
+        forked child meanwhile (the caller can take another child's answer while it waits); else
+        it is made here, now. The precondition is checked (and raised) here, now."""
         self.requires(tg, plan)
         if worth_sending_back(tg.mg.source):
-            sent = Forked.start(
+            pending = Forked.start(
                 lambda: self._on_copy(tg, plan).segments_by_index(plan),
                 child=lambda: self._in_place(tg, plan).segments_by_index(plan),
-            ).result()
-            return sent.segments_of(plan)
-        return self._on_copy(tg, plan)
+            )
+            return lambda: pending.result().segments_of(plan)
+        done = self._on_copy(tg, plan)
+        return lambda: done
 
     def _on_copy(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
         """The rewrite on a copy of ``tg`` (:func:`_working_copy`), which is then let go."""
