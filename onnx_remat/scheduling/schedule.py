@@ -323,7 +323,7 @@ def _write_promising(
     promising: list[_Candidate],
     wanted_random: list[str],
     checks: _WrittenChecks,
-    verifying: dict[int, Forked[list[str] | None]] | None = None,
+    verifying: dict[int, Forked[list[str] | None]],
 ) -> tuple[tuple[Candidate, Emulation, list[str]] | None, Checking | None]:
     """Write the promising candidates' node lists in turn and emulate each again (its random ops
     pinned to ``wanted_random`` where they changed order): the best (candidate, emulation, pins)
@@ -333,7 +333,6 @@ def _write_promising(
     the predicted order's id) is not emulated here: where it runs exactly the predicted steps, its
     emulation is the predicted one (:func:`~onnx_remat.ortsim.emulation.stand_in`), which answers
     every query as the one made here would; where it does not, it is emulated here."""
-    verifying = verifying if verifying is not None else {}
     best: tuple[Candidate, Emulation, list[str]] | None = None
     best_checking: Checking | None = None  # the check of best's model, started ahead
     checked_lists: dict[tuple[str, ...], int] = {}
