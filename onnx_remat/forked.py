@@ -27,7 +27,7 @@ import os
 import pickle
 import signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import IO, TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
     import onnx
@@ -43,7 +43,7 @@ FORK_MIN_NODES = 30_000
 # reference plans, RecomputeRewrite on a large graph). Above it the work stays in the command.
 PORTABLE_MODEL_MAX_BYTES = 256 * 2**20
 
-_VALUE, _FAILED = b"V", b"X"
+_VALUE, _FAILED, _CONFIRMED = b"V", b"X", b"C"
 
 _in_child = False  # set in a child of fork_child: it forks no child of its own
 
@@ -107,6 +107,11 @@ class Forked(Generic[T]):
         self._value: T | None = None
         self._has_value = False
         self._done = False
+        # With a check the child runs after its answer (start's ``then``): the pipe, read on for its
+        # verdict once the value is taken (confirmed()); None once read or where there is none.
+        self._then = False
+        self._pipe: IO[bytes] | None = None
+        self._verdict: bool | None = None
 
     @classmethod
     def start(
@@ -115,21 +120,27 @@ class Forked(Generic[T]):
         *,
         cleanup: Callable[[], None] | None = None,
         child: Callable[[], T] | None = None,
+        then: Callable[[], object] | None = None,
     ) -> Forked[T]:
         """Start ``compute`` in a forked child (computed here and now where there is no ``fork``).
         ``cleanup`` runs here once the child is gone, whether its value was taken or it was
         stopped: it removes what the child may have left (a file a stopped child was writing).
         ``child``: what the child computes instead, the same value by a way only a child may take
         (it edits state the parent keeps, in the child's own copy of it); ``compute`` is then what
-        this process computes where there is no child, or where the child failed."""
+        this process computes where there is no child, or where the child failed.
+        ``then``: a check of the child's own state that the child runs after it has sent its value
+        (it raises on failure), so this process takes the value (:meth:`result`) while the check
+        still runs, and its outcome later (:meth:`confirmed`); ``compute`` must include that check."""
         in_child = child if child is not None else compute
-        started = fork_child(lambda fd: _answer(fd, in_child))
+        started = fork_child(lambda fd: _answer(fd, in_child, then))
         if started is None:
             value = compute()
             if cleanup is not None:
                 cleanup()
             return cls.done(value)
-        return cls(compute, *started, cleanup=cleanup)
+        forked = cls(compute, *started, cleanup=cleanup)
+        forked._then = then is not None
+        return forked
 
     @classmethod
     def done(cls, value: T) -> Forked[T]:
@@ -153,25 +164,67 @@ class Forked(Generic[T]):
             return value  # type: ignore[return-value]
         assert self._pid is not None and self._fd is not None
         answered, value = False, None
+        pipe = os.fdopen(self._fd, "rb")
         try:
-            with os.fdopen(self._fd, "rb") as pipe:
-                if pipe.read(1) == _VALUE:
-                    with contextlib.suppress(Exception):  # a truncated answer: computed here
-                        value, answered = pickle.load(pipe), True
+            if pipe.read(1) == _VALUE:
+                with contextlib.suppress(Exception):  # a truncated answer: computed here
+                    value, answered = pickle.load(pipe), True
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
+            self._reap(pipe)
             raise
-        finally:
-            os.waitpid(self._pid, 0)
-            self._clean()
+        if answered and self._then:
+            self._pipe = pipe  # the child's check goes on: its verdict is read by confirmed()
+            return value  # type: ignore[return-value]
+        self._reap(pipe)
         if answered:
             return value  # type: ignore[return-value]
+        self._then = False  # computed here, check included
         return self._compute()  # the child failed: the error (or the value) as it comes here
 
+    def confirmed(self) -> bool:
+        """Whether the check the child ran after sending its value (start's ``then``) passed: waits
+        for its verdict. True where there is no such check, or where the value was computed here
+        (with the check). False where the check failed, the child died before its verdict, or the
+        child was stopped (:meth:`cancel`) before it."""
+        if not self._done:
+            raise RuntimeError("Forked.confirmed: the value is taken first (result)")
+        if self._verdict is None:
+            pipe, self._pipe = self._pipe, None
+            if pipe is None:  # no check, or computed here (with it); or stopped before its verdict
+                self._verdict = not self._then
+            else:
+                try:
+                    self._verdict = pipe.read(1) == _CONFIRMED
+                finally:
+                    self._reap(pipe)
+        return self._verdict
+
+    def recompute(self) -> T:
+        """The value computed here, as where the child fails: after a check the child ran on its own
+        value failed (:meth:`confirmed`), this raises that check's error, or returns the value."""
+        return self._compute()
+
+    def _reap(self, pipe: IO[bytes]) -> None:
+        """Close the pipe, wait for the child and clean up after it."""
+        with contextlib.suppress(OSError):
+            pipe.close()
+        assert self._pid is not None
+        os.waitpid(self._pid, 0)
+        self._clean()
+
     def cancel(self) -> None:
-        """Stop the child (its value is no longer needed)."""
-        if self._done or os.getpid() != self._owner:
+        """Stop the child (its value, or the verdict of its check, is no longer needed)."""
+        if os.getpid() != self._owner:
+            return
+        if self._pipe is not None:  # the value was taken, the child's check goes on
+            pipe, self._pipe = self._pipe, None
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)  # type: ignore[arg-type]
+            self._reap(pipe)
+            return
+        if self._done:
             return
         self._done = True
         self._value = None
@@ -232,8 +285,9 @@ def beside(compute: Callable[[], T], nodes: int) -> Forked[T]:
     return Forked.done(compute())
 
 
-def _answer(fd: int, compute: Callable[[], object]) -> None:
-    """In the child: compute and write the pickled value to ``fd`` (or the failure tag)."""
+def _answer(fd: int, compute: Callable[[], object], then: Callable[[], object] | None = None) -> None:
+    """In the child: compute and write the pickled value to ``fd`` (or the failure tag); then, with
+    ``then``, run that check and write its verdict (the confirmed or the failure tag)."""
     with os.fdopen(fd, "wb") as pipe:
         try:
             value = compute()
@@ -242,3 +296,13 @@ def _answer(fd: int, compute: Callable[[], object]) -> None:
             return
         pipe.write(_VALUE)
         pickle.dump(value, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        if then is None:
+            return
+        pipe.flush()  # the parent goes on with the value while the check runs
+        del value
+        try:
+            then()
+        except BaseException:
+            pipe.write(_FAILED)
+            return
+        pipe.write(_CONFIRMED)

@@ -89,6 +89,67 @@ def test_cancel_stops_the_child():
         os.waitpid(pid, os.WNOHANG)  # reaped already
 
 
+def test_a_check_after_the_value_runs_while_the_parent_works(tmp_path):
+    """start(then=...): the child sends its value, then runs the check on its own state; the parent
+    has the value before the check ends, and its verdict from confirmed()."""
+    started = tmp_path / "check started"
+
+    def slow_check() -> None:
+        started.write_text("")
+        time.sleep(1)
+
+    work = Forked.start(lambda: os.getpid(), then=slow_check)
+    pid = work.result()
+    assert pid != PARENT
+    began = time.monotonic()
+    while not started.exists() and time.monotonic() - began < 20:
+        time.sleep(0.01)
+    assert started.exists()  # the check runs now, after the value was sent
+    os.waitpid(pid, os.WNOHANG)  # the child is not reaped yet: it still checks
+    assert work.confirmed()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped with the verdict
+
+    def failing_check() -> None:
+        raise RuntimeError("postcondition broken")
+
+    work = Forked.start(lambda: 5, then=failing_check)
+    assert work.result() == 5 and not work.confirmed()
+    assert not work.confirmed()  # the verdict, asked again
+
+    def dies() -> None:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    work = Forked.start(lambda: 6, then=dies)
+    assert work.result() == 6 and not work.confirmed()  # no verdict: not confirmed
+
+    # computed here (the child failed): the parent's compute includes the check, so it stands
+    def fails_there() -> int:
+        if in_child():
+            raise ValueError("only in the child")
+        return 7
+
+    work = Forked.start(fails_there, then=failing_check)
+    assert work.result() == 7 and work.confirmed()
+    with pytest.raises(RuntimeError, match="taken first"):
+        Forked.start(lambda: 1, then=slow_check).confirmed()
+
+
+def test_cancel_stops_a_check_after_the_value():
+    def forever() -> None:
+        while in_child():
+            time.sleep(1)
+
+    began = time.monotonic()
+    with Forked.start(lambda: 1, then=forever) as work:
+        assert work.result() == 1
+        pid = work._pid
+    assert time.monotonic() - began < 10
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped already
+    assert not work.confirmed()  # stopped before its verdict
+
+
 def test_small_graphs_compute_in_the_command(monkeypatch):
     assert not worth_running_beside(forked.FORK_MIN_NODES)
     work = beside(lambda: os.getpid(), forked.FORK_MIN_NODES)
@@ -138,6 +199,31 @@ def test_commands_write_the_same_with_the_fork(tmp_path, monkeypatch):
     for key in in_command:
         assert with_fork[key][0] == in_command[key][0], key
         assert with_fork[key][1] == in_command[key][1], key
+
+
+def test_a_rewrite_whose_check_fails_only_in_its_child_is_ordered_again(tmp_path, monkeypatch):
+    """The pipeline orders the rewrite while its child checks it; where only the child's check fails,
+    the rewrite is made again here and ordered again: apply writes what it writes without the fork."""
+    from onnx_remat.remat.rewrite import RecomputeRewrite
+
+    def write(tag: str) -> bytes:
+        result = onnx_remat.apply(artifacts_dir("blocks10"), scopes=["Block"])
+        return result.save(tmp_path / tag, force=True).joinpath("training_model.onnx").read_bytes()
+
+    in_command = write("in_command")
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    ensures = RecomputeRewrite.ensures
+    here: list[str] = []
+
+    def fails_in_the_child(self, tg, result):
+        if forked.in_forked_child():
+            raise RuntimeError("broken in the child")
+        here.append("checked")
+        ensures(self, tg, result)
+
+    monkeypatch.setattr(RecomputeRewrite, "ensures", fails_in_the_child)
+    assert write("forked") == in_command
+    assert here == ["checked"]  # the rewrite made again here, and checked here
 
 
 def _unknown_op_model() -> onnx.ModelProto:

@@ -166,6 +166,53 @@ def test_a_rewrite_in_a_forked_child_is_the_rewrite_on_a_copy(monkeypatch):
         RecomputeRewrite()._in_place(analysis.graph, plan)
 
 
+def test_the_child_checks_its_rewrite_after_sending_it(monkeypatch):
+    """On a large graph the child sends the rewrite, then checks its postconditions (ensures) while
+    the caller orders it: result() comes first, ensured() is the same rewrite once the check
+    passed. A check that fails in the child only is made again here (the rewrite made here is
+    returned); one that fails here too raises as the rewrite without the fork does."""
+    from onnx_remat import forked
+    from onnx_remat.remat.apply import plan as make_plan
+
+    analysis = analyze_model(artifacts_dir("blocks10"))
+    plan = make_plan(analysis, scopes="Block")
+    on_copy = RecomputeRewrite()(analysis.graph, plan)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    checked_in: list[bool] = []
+    ensures = RecomputeRewrite.ensures
+
+    def recorded(self, tg, result):
+        checked_in.append(forked.in_forked_child())
+        ensures(self, tg, result)
+
+    monkeypatch.setattr(RecomputeRewrite, "ensures", recorded)
+    underway = RecomputeRewrite().begin(analysis.graph, plan)
+    first = underway.result()
+    assert underway.ensured() is first
+    assert first.model.SerializeToString() == on_copy.model.SerializeToString()
+    assert checked_in == []  # checked in the child (its record stays there), not here
+
+    def fails_in_the_child(self, tg, result):
+        if forked.in_forked_child():
+            raise RuntimeError("broken in the child")
+        checked_in.append(False)
+
+    monkeypatch.setattr(RecomputeRewrite, "ensures", fails_in_the_child)
+    underway = RecomputeRewrite().begin(analysis.graph, plan)
+    first = underway.result()
+    again = underway.ensured()
+    assert again is not first and checked_in == [False]  # made again, and checked, here
+    assert again.model.SerializeToString() == on_copy.model.SerializeToString()
+    assert all(s.segment is p for s, p in zip(again.segments, plan.segments))
+
+    def fails(self, tg, result):
+        raise RuntimeError("rewrite broke the topological order at node 'x'")
+
+    monkeypatch.setattr(RecomputeRewrite, "ensures", fails)
+    with pytest.raises(RuntimeError, match="topological order"):
+        RecomputeRewrite()(analysis.graph, plan)
+
+
 @pytest.mark.parametrize("broken", ["order", "tensor", "name"])
 def test_ensures_refuses_a_broken_rewrite(broken):
     from onnx_remat.remat.apply import plan as make_plan
