@@ -387,14 +387,36 @@ def test_a_written_graph_checked_beside_stands_in_for_its_emulation(name, monkey
     assert here.emulation is not None and not here.emulation.stands_in
     assert memory_estimate(beside.emulation).to_json() == memory_estimate(here.emulation).to_json()
     # what the child checks: the written graph, emulated from scratch, runs the predicted steps
+    from onnx_remat.scheduling.realize import LeafPlacer
     from onnx_remat.scheduling.schedule import _leaf_ranks, _predictions, _runs_as_predicted
 
     _, _, g = _graph(name)
     reordered = [(rank, predicted) for _, rank, predicted, _ in _predictions(g, POLICIES) if predicted != g.order]
     assert reordered
+    placer = LeafPlacer(g.model, g.io)
     for rank, predicted in reordered:
-        assert _runs_as_predicted(g, _leaf_ranks(g, rank), predicted) == list(beside.emulation.rg.initializers)
-        assert _runs_as_predicted(g, _leaf_ranks(g, rank), list(reversed(predicted))) is None
+        ranks = _leaf_ranks(g, rank)
+        assert _runs_as_predicted(g, placer, ranks, predicted) == list(beside.emulation.rg.initializers)
+        assert _runs_as_predicted(g, placer, ranks, list(reversed(predicted))) is None
+        # the child emulates the node list without writing the graph: as the written graph emulates
+        positions = placer.positions(ranks)
+        written = emulate(placer.write(positions), g.sizes.copy(), shapes_known=True)
+        listed = emulate(
+            g.model, g.sizes.copy(), shapes_known=True, io=placer.io(positions), protos=placer.protos(positions)
+        )
+        unread = emulate(
+            g.model,
+            g.sizes.copy(),
+            shapes_known=True,
+            protos=placer.protos(positions),
+            io=([p.input[:] for p in placer.protos(positions)], [p.output[:] for p in placer.protos(positions)]),
+        )
+        for other in (listed, unread):
+            assert [(n.name, n.op, n.inputs, n.outputs) for n in map(other.rg.at, other.order)] == [
+                (n.name, n.op, n.inputs, n.outputs) for n in map(written.rg.at, written.order)
+            ]
+            assert list(other.rg.initializers) == list(written.rg.initializers)
+            assert other.rg.rewrites == written.rg.rewrites
     again = MemorySchedule()(beside.emulation)
     assert again.planned_peak_before == here.planned_peak_after
     assert again.summary() == MemorySchedule()(here.emulation).summary()
