@@ -119,6 +119,9 @@ class RuntimeGraph:
     touched: list[int] = field(default_factory=list, repr=False)
     # What a pass keeps between its walks of this graph, by the pass's name (see ``touched``).
     kept: dict[str, object] = field(default_factory=dict, repr=False)
+    # What every memory plan of this graph reads of it whatever the order, with the graph state it
+    # was read for (onnx_remat.ortsim.planner: made on the first plan, or before a fork that plans).
+    plan_tables: object = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.graph_output_set = set(self.graph_outputs)

@@ -59,7 +59,7 @@ from onnx_remat.ortsim.emulation import (
     runs_the_same,
     stand_in,
 )
-from onnx_remat.ortsim.planner import MemoryPlan, plan_memory
+from onnx_remat.ortsim.planner import MemoryPlan, plan_memory, prepare_plans
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
@@ -530,6 +530,7 @@ def _predictions(g: Emulation, policies: Sequence[str], new_order: OrderHook | N
     # (``new_order``) while the child still works.
     if any(policy != "default" for policy in policies):
         scheduler.prepare()  # shared by the walks here and in the child, rather than made in each
+    prepare_plans(g.rg)  # what every plan reads of the graph: read once, for the plans here and there
     own: MemoryPlan | PredictedPeak = g.plan if own_planned else _OWN_PENDING
     with Forked.start(predicted_in_child) as rest:
         plans: list[Prediction] = [(g.order, own)]
