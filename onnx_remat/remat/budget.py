@@ -54,12 +54,22 @@ from onnx_remat.forked import Forked, beside, worth_running_beside, worth_sendin
 from onnx_remat.memory import MemoryEstimate, check_dims, estimate_emulated
 from onnx_remat.ortsim.check_process import CHECK_FILE_PREFIX, CheckProcess, CheckVerdict
 from onnx_remat.ortsim.emulation import Emulation
-from onnx_remat.remat.budget_model import LAYER, STORE, BudgetModel, Unit, build_model, holdings
+from onnx_remat.remat.budget_model import (
+    LAYER,
+    STORE,
+    BudgetModel,
+    Unit,
+    build_model,
+    holdings,
+    layer_paths,
+    make_planner,
+    ordered_unit_scopes,
+)
 from onnx_remat.remat.cost import NodeCosts, node_costs
-from onnx_remat.remat.pipeline import RewritePipeline
-from onnx_remat.remat.plan import CloneLimitExceeded, RecomputePlan, Segment, Selection
+from onnx_remat.remat.pipeline import RewritePipeline, begin_rewrite
+from onnx_remat.remat.plan import CloneLimitExceeded, Planner, RecomputePlan, Segment, Selection
 from onnx_remat.remat.result import ApplyResult
-from onnx_remat.remat.rewrite import RewriteResult, check_not_rewritten
+from onnx_remat.remat.rewrite import RewriteResult, RewriteUnderway, check_not_rewritten
 from onnx_remat.remat.solve import (
     Choice,
     Event,
@@ -415,6 +425,17 @@ def to_problem(model: BudgetModel, max_group: int = 12, fix: dict | None = None)
     )
 
 
+@dataclass
+class _EarlyReference:
+    """The per-layer reference plan of ``paths`` made by the planner's set-up (None: it recomputes
+    nothing) with the planner that made it, and its rewrite begun (None: no plan)."""
+
+    paths: list[str]
+    plan: RecomputePlan | None
+    planner: Planner
+    underway: RewriteUnderway | None
+
+
 class BudgetPlanner:
     """Plans for memory budgets on one analysed training graph (see the module docstring).
 
@@ -442,6 +463,20 @@ class BudgetPlanner:
         check_not_rewritten(analysis.graph)
         check_dims(analysis)
         self.analysis = analysis
+        self.reference_notes: list[str] = []  # why a reference plan was not made
+        # The units read the analysis alone, and so does the per-layer reference plan (the first
+        # plan a budget evaluates): on a large graph it is planned now, by a planner of its own, and
+        # its rewrite started in a forked child, which runs beside this set-up (the input's
+        # emulation, its estimate and the model: 5 s at 10^5 nodes) rather than after it. A plan
+        # decides which dropout masks later segments keep as bytes: the model's planner takes that
+        # over where the reference is taken (_per_layer_reference), as if it had made the plan then.
+        ordered = ordered_unit_scopes(analysis)
+        self._early: _EarlyReference | None = None
+        if worth_sending_back(analysis.model) and (paths := layer_paths(ordered)):
+            planner = make_planner(analysis, dropout)
+            early = self._reference_plan(paths, merged=False, planner=planner)
+            underway = begin_rewrite(analysis, early) if early is not None else None
+            self._early = _EarlyReference(paths, early, planner, underway)
         # The costs read the analysis alone: on a large graph they are made beside the emulation.
         pending = (
             Forked.done(costs)
@@ -455,7 +490,7 @@ class BudgetPlanner:
         self.baseline_parts = (self.baseline, original.plan, original.rg)
         # the planner's rounds are checked unscheduled; its reference plans and the floor as apply writes them
         self.pipeline = RewritePipeline(analysis, original, schedule=False, grad_accumulation=grad_accumulation)
-        self.model = build_model(analysis, self.costs, self.baseline_parts, dropout=dropout)
+        self.model = build_model(analysis, self.costs, self.baseline_parts, dropout=dropout, ordered=ordered)
         self.max_group = max_group
         self.fix: dict[tuple, int] = {}  # corrections learnt from exact estimates (see learn())
         self.dropout = dropout
@@ -467,7 +502,6 @@ class BudgetPlanner:
             for name in rg.at(i).origin:
                 self._base_step.setdefault(name, k)
         self._references: list[BudgetPlan] | None = None
-        self.reference_notes: list[str] = []  # why a reference plan was not made
         self._reference_fix: dict[tuple, int] = {}
         self._base_observed: dict | None = None  # _baseline_observed
         self._floor: BudgetPlan | None = None
@@ -635,7 +669,7 @@ class BudgetPlanner:
         (3,850 layers), where the planner stops at the clone limit and the reference is not made.
         Not where the graph's own bytes (its weights, inside the model) would make the rewrite too
         heavy to send back."""
-        per_layer = self._reference_plan(paths, merged=False)
+        per_layer, underway = self._per_layer_reference(paths)
         if not worth_sending_back(self.analysis.model):
             merged = self._reference_plan(paths, merged=True)
             return [
@@ -653,7 +687,7 @@ class BudgetPlanner:
             return notes, [s.label for s in plan.segments], portable(self._evaluate_reference(plan, True))
 
         with Forked.start(merged_in_child) as child:
-            done = [(False, self._evaluate_reference(per_layer, False))] if per_layer is not None else []
+            done = [(False, self._evaluate_reference(per_layer, False, underway))] if per_layer is not None else []
             notes, labels, evaluated = child.result()
         self.reference_notes += notes
         if evaluated is not None:
@@ -665,15 +699,39 @@ class BudgetPlanner:
             done.append((True, restored(evaluated, plan)))
         return done
 
-    def _reference_plan(self, paths: list[str], *, merged: bool) -> RecomputePlan | None:
+    def _per_layer_reference(self, paths: list[str]) -> tuple[RecomputePlan | None, RewriteUnderway | None]:
+        """The per-layer reference plan of ``paths`` (:meth:`_reference_plan`) and its rewrite where
+        it was begun already: the plan and the rewrite the set-up started for the same layers (the
+        same plan, made then), else the plan made now."""
+        early, self._early = self._early, None
+        if early is not None and early.paths == paths:
+            self.model.planner.keep_masks_as_bytes(early.planner.masks_kept_as_bytes)
+            return early.plan, early.underway
+        if early is not None and early.underway is not None:
+            early.underway.cancel()
+        return self._reference_plan(paths, merged=False), None
+
+    def _cancel_early(self) -> None:
+        """Stop the per-layer reference's rewrite begun by the set-up, where no budget will read it."""
+        early, self._early = self._early, None
+        if early is not None and early.underway is not None:
+            early.underway.cancel()
+
+    def _reference_plan(
+        self, paths: list[str], *, merged: bool, planner: Planner | None = None
+    ) -> RecomputePlan | None:
         """Per-layer (``merged`` False) or ``--recompute-outputs`` recompute of ``paths``; None where
-        it recomputes nothing, or (with a note in ``reference_notes``) would clone too much."""
+        it recomputes nothing, or (with a note in ``reference_notes``) would clone too much.
+        ``planner``: the model's (:func:`~onnx_remat.remat.budget_model.make_planner`), before the
+        model is made."""
+        if planner is None:
+            planner = self.model.planner
         # Staged recompute of a long chain clones O(layers^2) nodes (700 layers: 245,000 block
         # recomputes): not worth a reference, and not linear, so the planner stops building it
         # once past the limit.
         limit = STAGED_LIMIT * len(self.analysis.graph.forward_nodes) if merged else None
         try:
-            plan = self.model.planner.plan(Selection(scopes=paths, recompute_outputs=merged), clone_limit=limit)
+            plan = planner.plan(Selection(scopes=paths, recompute_outputs=merged), clone_limit=limit)
         except CloneLimitExceeded:
             self.reference_notes.append(
                 f"{RECOMPUTE_OUTPUTS} not estimated as a reference: its stages would clone more "
@@ -684,14 +742,24 @@ class BudgetPlanner:
             return None
         return plan if plan.segments else None
 
-    def _evaluate_reference(self, plan: RecomputePlan, merged: bool) -> BudgetPlan:
+    def _evaluate_reference(
+        self, plan: RecomputePlan, merged: bool, underway: RewriteUnderway | None = None
+    ) -> BudgetPlan:
         source = RECOMPUTE_OUTPUTS if merged else PER_LAYER
-        return self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"])
+        return self._evaluate_plan(plan, source, [f"--scope on every repeated layer ({source})"], underway=underway)
 
-    def _evaluate_plan(self, plan: RecomputePlan, source: str, choices: list[str], owners=None) -> BudgetPlan:
+    def _evaluate_plan(
+        self,
+        plan: RecomputePlan,
+        source: str,
+        choices: list[str],
+        owners=None,
+        *,
+        underway: RewriteUnderway | None = None,
+    ) -> BudgetPlan:
         if not self._keeps_kept(None):
             self._kept = None  # (let go before the next rewrite and its emulation are made)
-        done = self.pipeline.run(plan)
+        done = self.pipeline.run(plan, underway=underway)
         emu = done.ordered.emulation
         assert emu is not None and done.estimate is not None
         # The plan's graph is the rewrite as ordered: random ops pinned where it reorders them.
@@ -1051,6 +1119,7 @@ class BudgetPlanner:
         base = self.baseline_peak
         attempts: list[Attempt] = []
         if budget >= base:
+            self._cancel_early()  # (no reference is evaluated for this budget; another may)
             none = BudgetPlan(NONE, None, None, self.baseline, 0.0, self.costs.total, [])
             return BudgetResult(
                 budget,

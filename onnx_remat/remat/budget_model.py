@@ -368,18 +368,57 @@ class UnitHoldings:
         return added[np.searchsorted(firsts, t, side="right")] - dropped[np.searchsorted(ends, t, side="right")]
 
 
+# The unit scopes in forward order: each scope with its nodes in graph order and its layer group
+# (None: not a repeated layer). A function of the analysis alone (ordered_unit_scopes).
+OrderedScopes = list[tuple[Scope, list[gs.Node], "int | None"]]
+
+
+def ordered_unit_scopes(analysis: ModelAnalysis) -> OrderedScopes:
+    """The units' scopes (:func:`_unit_scopes`) that hold nodes, in forward order by each one's last
+    node (parameter-only nodes may be scheduled early), each with its nodes in graph order and its
+    layer group: the units :func:`build_model` makes, read from the analysis alone."""
+    scopes, chain_of = _unit_scopes(analysis)
+    pos = analysis.graph.position
+    built = []
+    for s in scopes:
+        nodes = sorted(s.all_nodes(), key=lambda n: pos[id(n)])
+        if nodes:
+            built.append((s, nodes, chain_of.get(id(s))))
+    built.sort(key=lambda b: pos[id(b[1][-1])])
+    return built
+
+
+def layer_paths(ordered: OrderedScopes) -> list[str]:
+    """The paths of the repeated layers' units, in forward order: what the per-layer reference plan
+    recomputes (``[u.path for u in units if u.chain is not None]`` of :func:`build_model`'s units)."""
+    return [s.path for s, _, chain in ordered if chain is not None]
+
+
+def make_planner(analysis: ModelAnalysis, dropout: str | None = None) -> Planner:
+    """The segment planner of ``analysis`` the budget model plans with (``dropout`` passed on
+    where given)."""
+    kwargs = {"dropout": dropout} if dropout is not None else {}
+    a = analysis
+    return Planner(a.graph, a.scopes, a.sizes, moved_transposes=a.moved_transposes, **kwargs)
+
+
 class _Builder:
-    def __init__(self, analysis: ModelAnalysis, costs: NodeCosts, baseline, plan, rg, dropout: str | None):
+    def __init__(
+        self,
+        analysis: ModelAnalysis,
+        costs: NodeCosts,
+        baseline,
+        plan,
+        rg,
+        dropout: str | None,
+    ):
         self.a = analysis
         self.tg = analysis.graph
         self.costs = costs
         self.baseline = baseline
         self.mplan = plan
         self.rg = rg
-        kwargs = {"dropout": dropout} if dropout is not None else {}
-        self.planner = Planner(
-            analysis.graph, analysis.scopes, analysis.sizes, moved_transposes=analysis.moved_transposes, **kwargs
-        )
+        self.planner = make_planner(analysis, dropout)
         self.notes: list[str] = []
         self.stashed = {t.name for t in self.tg.stashed}
 
@@ -396,24 +435,16 @@ class _Builder:
 
     # -- units --------------------------------------------------------------------------------
 
-    def units(self) -> list[Unit]:
-        scopes, chain_of = _unit_scopes(self.a)
-        pos = self.tg.position
-        built = []
-        for s in scopes:
-            nodes = sorted(s.all_nodes(), key=lambda n: pos[id(n)])
-            if not nodes:
-                continue
-            built.append((s, nodes))
-        # forward order by each unit's last node (parameter-only nodes may be scheduled early)
-        built.sort(key=lambda sn: pos[id(sn[1][-1])])
+    def units(self, ordered: OrderedScopes | None = None) -> list[Unit]:
+        """The units, from :func:`ordered_unit_scopes` (given, or read now)."""
+        built = ordered if ordered is not None else ordered_unit_scopes(self.a)
         owner: dict[int, int] = {}
-        for k, (_, nodes) in enumerate(built):
+        for k, (_, nodes, _) in enumerate(built):
             for n in nodes:
                 owner[id(n)] = k
         self.owner = owner
         units: list[Unit] = []
-        for k, (s, nodes) in enumerate(built):
+        for k, (s, nodes, chain) in enumerate(built):
             stored = [t for n in nodes for t in n.outputs if t.name in self.stashed]
             inside = {id(n) for n in nodes}
             # what later units read: usually stored for the backward pass too (a block's output),
@@ -434,7 +465,7 @@ class _Builder:
                     stored_bytes=sum(self.rt_bytes(t.name) for t in stored),
                     boundary_bytes=sum(self.rt_bytes(t.name) for t in boundary if t.name in self.stashed),
                     hold_bytes=sum(align(self.a.sizes.nbytes(t.name) or 0) for t in boundary),
-                    chain=chain_of.get(id(s)),
+                    chain=chain,
                 )
             )
         self._chains(units)
@@ -668,13 +699,16 @@ def build_model(
     baseline_parts,
     *,
     dropout: str | None = None,
+    ordered: OrderedScopes | None = None,
 ) -> BudgetModel:
     """The :class:`BudgetModel` of ``analysis``. ``baseline_parts`` is
     :func:`onnx_remat.estimate.estimate_graph`'s ``(estimate, plan, runtime graph)`` of the
-    unrewritten graph; ``dropout`` is passed to the :class:`Planner` (where it takes one)."""
+    unrewritten graph; ``dropout`` is passed to the :class:`Planner` (where it takes one).
+    ``ordered``: :func:`ordered_unit_scopes` of ``analysis``, read already by the caller (else read
+    here)."""
     est, plan, rg = baseline_parts
     b = _Builder(analysis, costs, est, plan, rg, dropout)
-    units = b.units()
+    units = b.units(ordered)
     for u in units:
         b.options(u)
     live, own, slots, held = b.timeline(units)

@@ -36,7 +36,7 @@ from onnx_remat.graph import tags
 from onnx_remat.memory import MemoryEstimate, estimate_emulated
 from onnx_remat.ortsim.emulation import Emulation
 from onnx_remat.remat.plan import RecomputePlan, SkippedSegment, nothing_to_recompute
-from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult
+from onnx_remat.remat.rewrite import RecomputeRewrite, RewriteResult, RewriteUnderway
 from onnx_remat.scheduling.schedule import OrderedGraph, order_rewrite
 from onnx_remat.units import format_bytes
 
@@ -151,9 +151,14 @@ class RewritePipeline:
             emulated=emulated,
         )
 
-    def run(self, plan: RecomputePlan) -> Rewritten:
-        """Rewrite ``plan``, order the result and estimate it."""
-        underway = RecomputeRewrite(dropout_seed=self.dropout_seed).begin(self.analysis.graph, plan)
+    def run(self, plan: RecomputePlan, *, underway: RewriteUnderway | None = None) -> Rewritten:
+        """Rewrite ``plan``, order the result and estimate it. ``underway``: the rewrite of ``plan``
+        begun already (:func:`begin_rewrite` with this pipeline's ``dropout_seed``), perhaps before
+        this pipeline was made."""
+        if underway is None:
+            underway = begin_rewrite(self.analysis, plan, dropout_seed=self.dropout_seed)
+        elif underway.plan is not plan or underway.rewrite.dropout_seed != self.dropout_seed:
+            raise ValueError("RewritePipeline.run: the rewrite underway is not this run's")
         # What is kept of the original's emulation is taken (read from its forked child, 0.3 s at
         # 10^5 nodes) while the rewrite is made in its own child, not after it.
         self.original  # noqa: B018
@@ -196,6 +201,15 @@ class RewritePipeline:
             rise = after.planned_peak_bytes - before.planned_peak_bytes
             to = format_bytes(after.planned_peak_bytes)
             dropped[label] = f"would raise the estimated planned peak by {format_bytes(rise)} (to {to})"
+
+
+def begin_rewrite(analysis: ModelAnalysis, plan: RecomputePlan, *, dropout_seed: int = 0) -> RewriteUnderway:
+    """The rewrite stage of a pipeline run on ``analysis`` for ``plan``, started
+    (:meth:`~onnx_remat.remat.rewrite.RecomputeRewrite.begin`: on a large graph in a forked child),
+    for :meth:`RewritePipeline.run` with ``underway=``. It reads the analysis and the plan alone, so
+    it may start before the pipeline is made: the budget planner starts its per-layer reference's
+    rewrite beside its own set-up, whose input emulation the pipeline holds."""
+    return RecomputeRewrite(dropout_seed=dropout_seed).begin(analysis.graph, plan)
 
 
 def _drop_check(ordered: OrderedGraph) -> None:

@@ -40,7 +40,7 @@ bytes of boundary tensors it must keep alive longer) is skipped and reported.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -436,6 +436,18 @@ class Planner:
         # In forward order of what they release (stages of a group share their first clones).
         kept.sort(key=lambda s: min(self.tg.position[id(producer(t))] for t in s.targets))
         return kept, skipped, notes
+
+    @property
+    def masks_kept_as_bytes(self) -> frozenset[int]:
+        """The Dropouts (by node id) whose masks every later segment keeps at one byte per element in
+        packed mode: those the plans made so far kept (:meth:`plan`: the segment recomputed first)."""
+        return frozenset(self._keep_bytes)
+
+    def keep_masks_as_bytes(self, nodes: Iterable[int]) -> None:
+        """Keep the masks of these Dropouts (by node id) at one byte per element in every later
+        segment: as a plan that chose so on another planner of the same graph (its
+        :attr:`masks_kept_as_bytes`) would have made this one do."""
+        self._keep_bytes.update(nodes)
 
     def _first_in_backward(self, segments: list[Segment]) -> Segment | None:
         """The segment whose first backward reader comes first (the backward pass recomputes it first)."""

@@ -181,9 +181,11 @@ class RewriteUnderway:
     postconditions are checked (in the child, after it sent the rewrite). The caller orders and
     emulates the rewrite meanwhile, and takes :meth:`ensured` before it writes anything."""
 
-    def __init__(self, pending: Forked[RewriteResult], plan: RecomputePlan | None):
+    def __init__(self, pending: Forked[RewriteResult], plan: RecomputePlan, rewrite: RecomputeRewrite, *, forked: bool):
+        self.plan = plan  # the plan being rewritten
+        self.rewrite = rewrite  # the pass rewriting it (its options)
         self._pending = pending
-        self._plan = plan  # the plan the child's result names its segments by (None: made here)
+        self._plan = plan if forked else None  # the plan the child's result names its segments by
         self._result: RewriteResult | None = None
 
     def result(self) -> RewriteResult:
@@ -253,7 +255,7 @@ class RecomputeRewrite:
         (and raised) here, now."""
         self.requires(tg, plan)
         if not worth_sending_back(tg.mg.source):
-            return RewriteUnderway(Forked.done(self._on_copy(tg, plan)), None)
+            return RewriteUnderway(Forked.done(self._on_copy(tg, plan)), plan, self, forked=False)
         made: list[RewriteResult] = []  # in the child: its rewrite of its own tg, checked after it is sent
 
         def in_child() -> RewriteResult:
@@ -270,7 +272,7 @@ class RecomputeRewrite:
         pending = Forked.start(
             lambda: self._on_copy(tg, plan).segments_by_index(plan), child=in_child, then=ensure_in_child
         )
-        return RewriteUnderway(pending, plan)
+        return RewriteUnderway(pending, plan, self, forked=True)
 
     def _on_copy(self, tg: TrainingGraph, plan: RecomputePlan) -> RewriteResult:
         """The rewrite on a copy of ``tg`` (:func:`_working_copy`), which is then let go."""

@@ -223,9 +223,9 @@ def test_on_a_large_graph_no_emulation_is_kept_beside_an_evaluation(monkeypatch)
         planners.append(self)
         init(self, *args, **kwargs)
 
-    def tracked_run(self, plan):
+    def tracked_run(self, plan, **kwargs):
         held.extend(p._kept is not None for p in planners)
-        return run(self, plan)
+        return run(self, plan, **kwargs)
 
     monkeypatch.setattr(BudgetPlanner, "__init__", tracked_init)
     monkeypatch.setattr(RewritePipeline, "run", tracked_run)
@@ -233,6 +233,57 @@ def test_on_a_large_graph_no_emulation_is_kept_beside_an_evaluation(monkeypatch)
     large = onnx_remat.apply(art, budget="35%")
     assert held and not any(held)
     assert large.model.SerializeToString() == small.model.SerializeToString()
+
+
+def test_on_a_large_graph_the_per_layer_reference_is_rewritten_during_the_set_up(monkeypatch):
+    """On a large graph the set-up plans the per-layer reference and begins its rewrite before it
+    emulates the input graph; the references take that plan and its rewrite (the per-layer plan is
+    not made again), the model's planner keeps the masks the plan kept as bytes, and a budget the
+    unrewritten graph fits stops the rewrite. The plans are those made without the fork."""
+    from onnx_remat import forked
+    from onnx_remat.analysis.model import ModelAnalysis
+    from onnx_remat.remat import budget as budget_module
+    from onnx_remat.remat.rewrite import RewriteUnderway
+
+    art = artifacts_dir("blocks10")
+    events: list[str] = []
+    begin, take = budget_module.begin_rewrite, ModelAnalysis.take_emulation
+    reference_plan = BudgetPlanner._reference_plan
+
+    def begun(analysis, plan, **kw):
+        events.append("rewrite begun")
+        return begin(analysis, plan, **kw)
+
+    def taken(self):
+        events.append("input emulated")
+        return take(self)
+
+    def planned(self, paths, *, merged, planner=None):
+        events.append(f"planned {'merged' if merged else 'per-layer'}")
+        return reference_plan(self, paths, merged=merged, planner=planner)
+
+    in_command = BudgetPlanner(analyze_model(art)).plan(57 * MiB)
+    monkeypatch.setattr(budget_module, "begin_rewrite", begun)
+    monkeypatch.setattr(ModelAnalysis, "take_emulation", taken)
+    monkeypatch.setattr(BudgetPlanner, "_reference_plan", planned)
+    monkeypatch.setattr(forked, "FORK_MIN_NODES", 0)
+    planner = BudgetPlanner(analyze_model(art))
+    assert events == ["planned per-layer", "rewrite begun", "input emulated"]
+    early = planner._early
+    assert early is not None and isinstance(early.underway, RewriteUnderway)
+    # the reference's plan kept a mask as bytes; the model's planner has made no plan yet
+    assert early.planner.masks_kept_as_bytes and not planner.model.planner.masks_kept_as_bytes
+    beside = planner.plan(57 * MiB)
+    assert planner._early is None
+    assert "planned per-layer" not in events[3:]  # taken, not made again
+    assert planner.model.planner.masks_kept_as_bytes >= early.planner.masks_kept_as_bytes
+    assert beside.summary() == in_command.summary()
+    assert beside.chosen.rewrite.model.SerializeToString() == in_command.chosen.rewrite.model.SerializeToString()
+
+    fits = BudgetPlanner(analyze_model(art))
+    underway = fits._early.underway
+    fits.plan(10**12)  # the unrewritten graph fits: no reference is evaluated
+    assert fits._early is None and underway._pending.confirmed() is False  # stopped, not waited for
 
 
 @pytest.mark.parametrize(("budget", "source"), [(57 * MiB, PER_LAYER), (70 * MiB, "planner")])
