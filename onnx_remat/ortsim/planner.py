@@ -242,6 +242,7 @@ class _PlanTables:
     live: int  # live nodes: an order running each of them once has ``use`` as its use counts
     use: dict[str, int]  # _use_counts over every live node (copied by each plan: it counts down)
     keys: _ShapeKeys  # every tensor's shape key
+    sizes: dict[str, int | None]  # every tensor's bytes (TensorSizes.nbytes), asked for as a dict
 
 
 def _graph_state(rg: RuntimeGraph) -> tuple[int, int, int, int]:
@@ -258,18 +259,21 @@ def _tables(rg: RuntimeGraph) -> _PlanTables:
         return cached
     live = [n for n in rg.nodes if n is not None]
     use = _use_counts(rg, live)
-    tables = _PlanTables(state, len(live), use, _ShapeKeys(rg.sizes, use))
+    tables = _PlanTables(state, len(live), use, _ShapeKeys(rg.sizes, use), _sizes_of(rg, use))
     rg.plan_tables = tables
     return tables
 
 
-def prepare_plans(rg: RuntimeGraph) -> None:
-    """Read what every memory plan of ``rg`` reads whatever the order now (:class:`_PlanTables`, and
-    every tensor's size, which ``rg.sizes`` memoizes), so that forked children planning orders of
-    ``rg`` share it rather than each reading it."""
+def _sizes_of(rg: RuntimeGraph, tensors) -> dict[str, int | None]:
+    """The bytes of ``tensors`` (:meth:`~onnx_remat.analysis.sizes.TensorSizes.nbytes`)."""
     nbytes = rg.sizes.nbytes
-    for t in _tables(rg).use:
-        nbytes(t)
+    return {t: nbytes(t) for t in tensors}
+
+
+def prepare_plans(rg: RuntimeGraph) -> None:
+    """Read what every memory plan of ``rg`` reads whatever the order now (:class:`_PlanTables`), so
+    that forked children planning orders of ``rg`` share it rather than each reading it."""
+    _tables(rg)
 
 
 def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, TensorPlan], _Walk | None]:
@@ -278,12 +282,11 @@ def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, T
     Also returns the buffers' reads and allocations as the walk saw them, which saves the later
     steps a walk of their own; None when those may differ from the final plan's (some tensor read
     before it is planned, or planned twice: an order or a graph onnxruntime would reject)."""
-    nbytes = rg.sizes.nbytes
     graph_outputs = set(rg.graph_outputs)
-    use, keys = _counts_and_keys(rg, nodes)
+    use, keys, size_of = _counts_keys_and_sizes(rg, nodes)
     key_of = keys.of
     free = keys.free_lists()
-    tensors = _callers_tensors(rg)
+    tensors = _callers_tensors(rg, size_of)
     # tensor -> the tensor owning its buffer, for tensors in another's (``tensors[t].buffer``), kept
     # beside ``tensors`` because it is asked for every input and output of every node. Every buffer
     # named is a key of ``use``: a node's tensor, or one a freed buffer's use count was kept under.
@@ -308,7 +311,7 @@ def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, T
                 planned_once = False
                 buffer.pop(o, None)  # planned again: where it lived before no longer counts
             if o in graph_outputs:
-                tensors[o] = TensorPlan(o, "output", o, nbytes(o), False, step)
+                tensors[o] = TensorPlan(o, "output", o, size_of[o], False, step)
                 continue
             src = None
             kind = "allocate"
@@ -324,11 +327,11 @@ def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, T
                     kind = "reuse"
             if src is not None:
                 buf = buffer_of(src, src)
-                tensors[o] = TensorPlan(o, kind, buf, nbytes(o), False, step)
+                tensors[o] = TensorPlan(o, kind, buf, size_of[o], False, step)
                 buffer[o] = buf
                 use[buf] += use[o]
             else:
-                p = tensors[o] = TensorPlan(o, "allocate", o, nbytes(o), False, step)
+                p = tensors[o] = TensorPlan(o, "allocate", o, size_of[o], False, step)
                 at_step = allocated.get(step)
                 if at_step is None:
                     allocated[step] = [p]
@@ -355,23 +358,25 @@ def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, T
     return tensors, walk if planned_once else None
 
 
-def _counts_and_keys(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, int], _ShapeKeys]:
-    """The use counts the reuse plan of ``nodes`` counts down (a copy: its own) and the shape keys:
-    the graph's tables where ``nodes`` are its live nodes, each once (an order of the whole graph),
-    else read for these nodes."""
+def _counts_keys_and_sizes(
+    rg: RuntimeGraph, nodes: list[RuntimeNode]
+) -> tuple[dict[str, int], _ShapeKeys, dict[str, int | None]]:
+    """The use counts the reuse plan of ``nodes`` counts down (a copy: its own), the shape keys and
+    the tensors' bytes: the graph's tables where ``nodes`` are its live nodes, each once (an order of
+    the whole graph), else read for these nodes."""
     tables = _tables(rg)
     if len(nodes) == tables.live and len({n.index for n in nodes}) == tables.live:
-        return dict(tables.use), tables.keys
+        return dict(tables.use), tables.keys, tables.sizes
     use = _use_counts(rg, nodes)
-    return use, _ShapeKeys(rg.sizes, use)
+    return use, _ShapeKeys(rg.sizes, use), _sizes_of(rg, use)
 
 
-def _callers_tensors(rg: RuntimeGraph) -> dict[str, TensorPlan]:
-    """The plans of the tensors in the caller's buffers: graph inputs, then initializers."""
-    nbytes = rg.sizes.nbytes
-    tensors = {t: TensorPlan(t, "input", t, nbytes(t)) for t in rg.graph_inputs}
+def _callers_tensors(rg: RuntimeGraph, size_of: dict[str, int | None]) -> dict[str, TensorPlan]:
+    """The plans of the tensors in the caller's buffers: graph inputs, then initializers
+    (``size_of``: every tensor's bytes)."""
+    tensors = {t: TensorPlan(t, "input", t, size_of[t]) for t in rg.graph_inputs}
     for t in rg.initializers:
-        tensors.setdefault(t, TensorPlan(t, "initializer", t, nbytes(t)))
+        tensors.setdefault(t, TensorPlan(t, "initializer", t, size_of[t]))
     return tensors
 
 
