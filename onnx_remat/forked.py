@@ -10,7 +10,10 @@ the inputs), computes, and sends back its value pickled.
 The answer is the sequential one by construction. ``compute`` must be a deterministic function of
 state the parent does not change before :meth:`Forked.result`; where the child fails in any way
 (an exception, a signal, a truncated answer) the parent computes the value itself, so an error is
-raised where and as it would have been without the fork, with its own traceback.
+raised where and as it would have been without the fork, with its own traceback. A child may check
+its own state after it has sent its value (``Forked.start(then=...)``: the recompute rewrite's
+postconditions): the parent works on the value meanwhile and reads the check's verdict later
+(:meth:`Forked.confirmed`), computing the value itself where the check failed.
 
 Only graphs above :data:`FORK_MIN_NODES` nodes use a child (:func:`worth_running_beside`): below it, onnxruntime's
 load check runs in a child process on the second core already (:mod:`onnx_remat.model_io`), the
