@@ -328,7 +328,11 @@ def node_io(model: onnx.ModelProto) -> NodeIO:
     keep). Read once where both :func:`~onnx_remat.ortsim.shapes.infer_runtime_shapes` and
     :func:`runtime_graph` read a model: each read of a proto's repeated field makes new strings,
     and every node of every emulated graph is read."""
-    nodes = model.graph.node
+    return nodes_io(model.graph.node)
+
+
+def nodes_io(nodes: Sequence[onnx.NodeProto]) -> NodeIO:
+    """:func:`node_io` of these nodes (a model's node list, or its nodes in another order)."""
     return [n.input[:] for n in nodes], [n.output[:] for n in nodes]  # [:] is faster than list()
 
 

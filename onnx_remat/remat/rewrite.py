@@ -185,14 +185,13 @@ class RewriteUnderway:
         self.plan = plan  # the plan being rewritten
         self.rewrite = rewrite  # the pass rewriting it (its options)
         self._pending = pending
-        self._plan = plan if forked else None  # the plan the child's result names its segments by
+        self._forked = forked  # its result names the plan's segments by index (segments_by_index)
         self._result: RewriteResult | None = None
 
     def result(self) -> RewriteResult:
         """The rewrite (its postconditions perhaps still being checked)."""
         if self._result is None:
-            result = self._pending.result()
-            self._result = result.segments_of(self._plan) if self._plan is not None else result
+            self._result = self._ours(self._pending.result())
         return self._result
 
     def ensured(self) -> RewriteResult:
@@ -204,8 +203,11 @@ class RewriteUnderway:
         result = self.result()
         if self._pending.confirmed():
             return result
-        redo = self._pending.recompute()
-        return redo.segments_of(self._plan) if self._plan is not None else redo
+        return self._ours(self._pending.recompute())
+
+    def _ours(self, result: RewriteResult) -> RewriteResult:
+        """``result`` naming the plan's own segments (a forked child's names them by index)."""
+        return result.segments_of(self.plan) if self._forked else result
 
     def cancel(self) -> None:
         """Stop the child, where there is one (its rewrite or its check no longer needed)."""

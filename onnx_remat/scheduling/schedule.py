@@ -59,6 +59,7 @@ from onnx_remat.ortsim.emulation import (
     runs_the_same,
     stand_in,
 )
+from onnx_remat.ortsim.graph import nodes_io
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory, prepare_plans
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
@@ -435,7 +436,7 @@ def _runs_as_predicted(
     positions = placer.positions(ranks)
     io, protos = placer.io(positions), placer.protos(positions)
     if io is None:  # read from the nodes in their new order, not from g.model's list
-        io = [p.input[:] for p in protos], [p.output[:] for p in protos]
+        io = nodes_io(protos)
     emulated = emulate(g.model, g.sizes, shapes_known=True, io=io, protos=protos)
     return list(emulated.rg.initializers) if runs_the_same(emulated, g.rg, predicted) else None
 
