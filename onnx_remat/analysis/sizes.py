@@ -200,6 +200,11 @@ class TensorSizes:
         info = self._lookup(name)
         if info is None or info[1] is None:
             return None
+        return self._bytes_of(info)
+
+    def _bytes_of(self, info: tuple[int, tuple[Dim, ...]]) -> int | None:
+        """The bytes of a tensor of ``info`` (element type, dims): None where the element size or a
+        dimension is unknown."""
         et = info[0]
         itemsize = _ITEMSIZE[et] if et in _ITEMSIZE else _ITEMSIZE.setdefault(et, dtype_size(et))
         if itemsize is None:
@@ -233,6 +238,35 @@ class TensorSizes:
         ``<tensor>_grad`` naming rule gives it."""
         info = self._info.get(name)
         return info is not None and info[1] is not None
+
+    def plan_facts(
+        self, names: Iterable[str]
+    ) -> tuple[list[int | None], list[bool], list[tuple[int, tuple[Dim, ...]] | None]]:
+        """For each of ``names``, in one pass: :meth:`nbytes`, :meth:`declared` and
+        :meth:`declared_type_and_dims` (the compiled memory planner asks them for every tensor of a
+        graph: onnx_remat.ortsim.plan_arrays). Each distinct declared shape is sized once; nothing
+        is memoized (a rewrite's sizes are asked once per graph)."""
+        info_of = self._info.get
+        by_info: dict[tuple, int | None] = {}  # a declared (element type, dims) -> its bytes
+        nbytes: list[int | None] = []
+        declared: list[bool] = []
+        keys: list[tuple[int, tuple[Dim, ...]] | None] = []
+        for name in names:
+            info = info_of(name)
+            dims = info[1] if info is not None else None
+            if info is not None and dims is not None:
+                declared.append(True)
+                shape = (info[0], dims)
+                keys.append(shape if info[0] else None)
+                size = by_info.get(shape, _UNSEEN)
+                if size is _UNSEEN:
+                    size = by_info[shape] = self._bytes_of(shape)
+                nbytes.append(size)  # type: ignore[arg-type]
+            else:
+                declared.append(False)
+                keys.append(None)
+                nbytes.append(self.nbytes(name))  # (the <tensor>_grad rule, or unknown)
+        return nbytes, declared, keys
 
     def declared_type_and_dims(self, name: str) -> tuple[int, tuple[Dim, ...]] | None:
         """``(element type, dims as declared)`` when :meth:`declared` and the type is known, else None.

@@ -20,7 +20,7 @@ from onnx.external_data_helper import uses_external_data
 
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.graph.conventions import RANDOM_OPS
-from onnx_remat.ortsim.order import default_order, priority_order
+from onnx_remat.ortsim.order import compiled_default_order, default_order, priority_order
 
 FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
 # Nodes common-subexpression elimination never merges and constant folding never evaluates: the
@@ -122,6 +122,7 @@ class RuntimeGraph:
     # What every memory plan of this graph reads of it whatever the order, with the graph state it
     # was read for (onnx_remat.ortsim.planner: made on the first plan, or before a fork that plans).
     plan_tables: object = field(default=None, repr=False)
+    plan_arrays: object = field(default=None, repr=False)  # the same, numbered for the compiled walk
 
     def __post_init__(self) -> None:
         self.graph_output_set = set(self.graph_outputs)
@@ -288,6 +289,9 @@ class RuntimeGraph:
                 ps = cached[index]
                 if ps:
                     follow[index] = ps[0]
+        compiled = compiled_default_order(indices, cached, follow)
+        if compiled is not None:
+            return compiled
         # The cache now holds every live node's producers (and no removed node's): the nodes with
         # a consumer are theirs, gathered in one C-level pass rather than a set update per node.
         has_consumer = set(chain.from_iterable(map(cached.__getitem__, indices)))

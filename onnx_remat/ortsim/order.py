@@ -18,14 +18,19 @@ indices of the nodes that produce its inputs. Output: the node indices in execut
   profile) back onto a graph, placing nodes the profile does not name just before their first
   consumer.
 
-All three are iterative, O((nodes + edges) log nodes).
+All three are iterative, O((nodes + edges) log nodes). :func:`compiled_default_order` is
+:func:`default_order` by the compiled walk (:mod:`~onnx_remat.ortsim.compiled`), where it is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
+
+import numpy as np
 
 from onnx_remat.graph.toposort import ready_order
+from onnx_remat.ortsim import compiled as native
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 
@@ -85,6 +90,33 @@ def default_order(
             moved.append(child)
             placed[child] = 1
     return moved
+
+
+def compiled_default_order(
+    indices: Sequence[int], producers: Mapping[int, Sequence[int]], follow_parent: dict[int, int]
+) -> list[int] | None:
+    """:func:`default_order` by the compiled walk (``compiled/default_order.c``), or None where it is not built
+    or turned off. ``producers`` has an entry for every index of ``indices``; the nodes some node reads
+    from are those entries' members."""
+    walk = native.compiled(native.default_order_walk)
+    if walk is None:
+        return None
+    lists = list(map(producers.__getitem__, indices))
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    ptr[1:] = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+    np.cumsum(ptr, out=ptr)
+    prods = np.fromiter(chain.from_iterable(lists), dtype=np.int32, count=int(ptr[-1]))
+    children = sorted(follow_parent)
+    out = np.empty(len(lists), dtype=np.int32)
+    written = walk.walk(
+        np.array(indices, dtype=np.int32),
+        ptr,
+        prods,
+        np.array(children, dtype=np.int32),
+        np.array([follow_parent[c] for c in children], dtype=np.int32),
+        out,
+    )
+    return out[:written].tolist()
 
 
 def priority_order(indices: Sequence[int], producers: Mapping[int, Sequence[int]], ops: dict[int, str]) -> list[int]:

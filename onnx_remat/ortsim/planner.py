@@ -38,13 +38,24 @@ from __future__ import annotations
 import bisect
 import functools
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
+
+import numpy as np
 
 from onnx_remat.analysis.sizes import dtype_size
 from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import ALIAS, MAY_INPLACE, VARIADIC_ALIAS, alias_input, inplace_inputs, op_key
+from onnx_remat.ortsim.plan_arrays import (
+    KINDS,
+    PlanArrays,
+    TensorFacts,
+    Walked,
+    native_available,
+    plan_arrays,
+    walk,
+)
 
 ALIGNMENT = 256
 
@@ -170,8 +181,68 @@ class _Block:
 
 
 def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
-    """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``."""
-    nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
+    """Simulate onnxruntime's reuse plan, release plan and memory pattern for ``order``.
+
+    An order running every live node of ``rg`` once is planned by the compiled walk where it is
+    built (:mod:`~onnx_remat.ortsim.plan_arrays`: the same plan); other orders, and every order
+    without it, in Python (:func:`python_plan`)."""
+    nodes = [n for n in map(rg.nodes.__getitem__, order) if n is not None]
+    if native_available():
+        arrays = _arrays(rg)
+        walked = walk(arrays, nodes)
+        if walked is not None:
+            return _walked_plan(list(order), arrays, walked)
+    return python_plan(rg, order, nodes)
+
+
+def _walked_plan(order: list[int], arrays: PlanArrays, w: Walked) -> MemoryPlan:
+    """The :class:`MemoryPlan` the compiled walk found (tensors listed as the Python planner lists them:
+    the caller's, then each as first planned). The columns are read by numpy and the plans made by
+    ``map``: a Python loop over the tensors took most of the plan's time."""
+    names, sizes = arrays.name_objects, arrays.size_objects
+    tensors: dict[str, TensorPlan] = {name: TensorPlan(name, how, name, sizes[t]) for name, how, t in arrays.callers}
+    seq = w.seq
+    name_col = names[seq].tolist()
+    release, offset = w.release_step[seq], w.offset[seq]
+    release_col, offset_col = release.astype(object), offset.astype(object)
+    release_col[release < 0] = None
+    offset_col[offset < 0] = None
+    plans = map(
+        TensorPlan,
+        name_col,
+        _KIND_NAMES[w.kind[seq]].tolist(),
+        names[w.buffer[seq]].tolist(),
+        sizes[seq].tolist(),
+        w.planned[seq].astype(bool).tolist(),
+        w.alloc_step[seq].tolist(),
+        release_col.tolist(),
+        offset_col.tolist(),
+    )
+    tensors.update(zip(name_col, plans))
+    return MemoryPlan(
+        order=order,
+        live_bytes=w.live_bytes.tolist(),
+        block_bytes=w.block_bytes.tolist(),
+        dynamic_bytes=w.dynamic_bytes.tolist(),
+        tensors=tensors,
+        planned_peak_bytes=w.planned_peak,
+        peak_live_bytes=w.peak_live,
+        peak_live_step=w.peak_live_step,
+        block_peak_step=w.block_peak_step,
+        unknown=names[w.unknown].tolist(),
+        dynamic=names[w.dynamic].tolist(),
+    )
+
+
+# The planner's kind names by the compiled walk's codes (KINDS; the others are never in ``seq``).
+_KIND_NAMES = np.array([KINDS.get(code, "") for code in range(max(KINDS) + 1)], dtype=object)
+
+
+def python_plan(rg: RuntimeGraph, order: Sequence[int], nodes: list[RuntimeNode] | None = None) -> MemoryPlan:
+    """:func:`plan_memory` in Python (the reference the compiled walk is compared with); ``nodes``:
+    the live nodes of ``order``, if listed already."""
+    if nodes is None:
+        nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
     tensors, walk = _reuse_plan(rg, nodes)
     if walk is None:
         walk = _walk_final_plan(nodes, tensors)
@@ -206,31 +277,38 @@ class _ShapeKeys:
     ``k`` are reused by shape (onnxruntime never reuses a scalar-shaped buffer this way)."""
 
     def __init__(self, sizes, tensors) -> None:
-        numbers: dict[tuple, int] = {}  # key -> its number
-        declared_numbers: dict[tuple, int] = {}  # (element type, dims) -> its key's number
-        self.reusable: list[bool] = [False]  # _NO_KEY
-        declared_type_and_dims = sizes.declared_type_and_dims
-        of: dict[str, int] = {}
-        for t in tensors:
-            declared = declared_type_and_dims(t)
-            if declared is None:
-                of[t] = _NO_KEY
-                continue
-            k = declared_numbers.get(declared)
-            if k is None:
-                # element types of one size (float and int32, ...) share the key
-                key = (_element_size(declared[0]), declared[1])
-                k = numbers.get(key)
-                if k is None:
-                    k = numbers[key] = len(self.reusable)
-                    self.reusable.append(len(key[1]) > 0)
-                declared_numbers[declared] = k
-            of[t] = k
-        self.of = of
+        tensors = list(tensors)
+        numbers, self.reusable = number_shape_keys(map(sizes.declared_type_and_dims, tensors))
+        self.of: dict[str, int] = dict(zip(tensors, numbers))
 
     def free_lists(self) -> list[list[str] | None]:
         """Empty free lists for one plan, per key number (None: not reused by shape)."""
         return [[] if reusable else None for reusable in self.reusable]
+
+
+def number_shape_keys(declared: Iterable[tuple[int, tuple] | None]) -> tuple[list[int], list[bool]]:
+    """Per tensor, the number of its shape key (:class:`_ShapeKeys`), from its declared (element type,
+    dims) (None: not declared, :data:`_NO_KEY`); and per number, whether buffers of that key are
+    reused by shape."""
+    numbers: dict[tuple, int] = {}  # key -> its number
+    declared_numbers: dict[tuple, int] = {}  # (element type, dims) -> its key's number
+    reusable: list[bool] = [False]  # _NO_KEY
+    out: list[int] = []
+    for d in declared:
+        if d is None:
+            out.append(_NO_KEY)
+            continue
+        k = declared_numbers.get(d)
+        if k is None:
+            # element types of one size (float and int32, ...) share the key
+            key = (_element_size(d[0]), d[1])
+            k = numbers.get(key)
+            if k is None:
+                k = numbers[key] = len(reusable)
+                reusable.append(len(key[1]) > 0)
+            declared_numbers[d] = k
+        out.append(k)
+    return out, reusable
 
 
 @dataclass(slots=True)
@@ -265,6 +343,25 @@ def _tables(rg: RuntimeGraph) -> _PlanTables:
     return tables
 
 
+def _arrays(rg: RuntimeGraph) -> PlanArrays:
+    """The graph numbered for the compiled walk (:func:`~onnx_remat.ortsim.plan_arrays.plan_arrays`),
+    kept on ``rg`` as :func:`_tables` keeps the tables, for the graph state it was made for."""
+    state = _graph_state(rg)
+    cached = rg.plan_arrays
+    if isinstance(cached, PlanArrays) and cached.state == state:
+        return cached
+    arrays = plan_arrays(rg, state, functools.partial(_tensor_facts, rg.sizes))
+    rg.plan_arrays = arrays
+    return arrays
+
+
+def _tensor_facts(sizes, names: list[str]) -> TensorFacts:
+    """What a plan reads of each tensor (:data:`~onnx_remat.ortsim.plan_arrays.TensorFacts`)."""
+    nbytes, declared, keys = sizes.plan_facts(names)
+    numbers, reusable = number_shape_keys(keys)
+    return nbytes, declared, numbers, reusable
+
+
 def _sizes_of(rg: RuntimeGraph, tensors) -> dict[str, int | None]:
     """The bytes of ``tensors`` (:meth:`~onnx_remat.analysis.sizes.TensorSizes.nbytes`)."""
     nbytes = rg.sizes.nbytes
@@ -272,9 +369,13 @@ def _sizes_of(rg: RuntimeGraph, tensors) -> dict[str, int | None]:
 
 
 def prepare_plans(rg: RuntimeGraph) -> None:
-    """Read what every memory plan of ``rg`` reads whatever the order now (:class:`_PlanTables`), so
-    that forked children planning orders of ``rg`` share it rather than each reading it."""
-    _tables(rg)
+    """Read what every memory plan of ``rg`` reads whatever the order now (the graph numbered for the
+    compiled walk, else :class:`_PlanTables`), so that forked children planning orders of ``rg``
+    share it rather than each reading it."""
+    if native_available():
+        _arrays(rg)
+    else:
+        _tables(rg)
 
 
 def _reuse_plan(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> tuple[dict[str, TensorPlan], _Walk | None]:
@@ -365,12 +466,17 @@ def _counts_keys_and_sizes(
     """The use counts the reuse plan of ``nodes`` counts down (a copy: its own), the shape keys and
     the tensors' bytes: the graph's tables where ``nodes`` are its live nodes, each once (an order of
     the whole graph), else read for these nodes."""
-    live = sum(1 for n in rg.nodes if n is not None)
-    if len(nodes) == live and len({n.index for n in nodes}) == live:
+    if _whole_graph(rg, nodes):
         tables = _tables(rg)
         return dict(tables.use), tables.keys, tables.sizes
     use = _use_counts(rg, nodes)
     return use, _ShapeKeys(rg.sizes, use), _sizes_of(rg, use)
+
+
+def _whole_graph(rg: RuntimeGraph, nodes: list[RuntimeNode]) -> bool:
+    """Whether ``nodes`` are the live nodes of ``rg``, each once (an order of the whole graph)."""
+    live = sum(1 for n in rg.nodes if n is not None)
+    return len(nodes) == live and len({n.index for n in nodes}) == live
 
 
 def _callers_tensors(rg: RuntimeGraph, size_of: dict[str, int | None]) -> dict[str, TensorPlan]:

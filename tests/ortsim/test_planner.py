@@ -1,7 +1,8 @@
 """The memory planner reads what every plan of one graph reads whatever the order (use counts, shape
 keys) once per graph (planner._PlanTables): every plan made with those tables is the plan made
 without them, field for field, for any order; the tables are read again once the graph changes, and
-an order of part of the graph counts its own uses."""
+an order of part of the graph counts its own uses. These are the Python planner's tables: the
+compiled walk (tests/ortsim/test_plan_arrays.py) is turned off here."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from onnx_remat.ortsim import planner
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.ortsim.planner import plan_memory, prepare_plans
 from onnx_remat.scheduling.orders import POLICIES, list_schedule
+
+
+@pytest.fixture(autouse=True)
+def python_planner(monkeypatch):
+    monkeypatch.setenv("ONNX_REMAT_NATIVE", "0")
 
 
 def _fresh(rg, order):

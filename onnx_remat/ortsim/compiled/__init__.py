@@ -1,0 +1,45 @@
+"""The emulation's compiled core: which parts the install built, and the switch that turns it off.
+
+Two hot walks of the emulation are written in C as well as in Python, each over integer arrays:
+onnxruntime's memory plan of one order (``plan_walk.c``, through
+:mod:`~onnx_remat.ortsim.plan_arrays`) and its DEFAULT execution order (``default_order.c``,
+through :mod:`~onnx_remat.ortsim.order`). The Python walks are the reference: the tests compare
+both on every graph they plan or order. The C files are optional extensions of the package
+(``pyproject.toml``): an install without a C compiler still works, with every walk in Python, and
+``ONNX_REMAT_NATIVE=0`` turns the compiled walks off. Why C, and not more of it: both walks are one
+sequential pass over every edge of the graph, asked several times per command, whose Python time was
+mostly dictionary lookups; the rest of the emulation (the optimizer's rewrites, shapes) works on
+names and protos, where a compiled pass would first have to copy the graph into arrays.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+
+def _built(name: str) -> ModuleType | None:
+    """The compiled walk ``name`` of this package, None where the install did not build it."""
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ImportError:
+        return None
+
+
+# built by the install where a C compiler is found (setuptools' optional extensions)
+plan_walk = _built("plan_walk")
+default_order_walk = _built("default_order")
+
+
+def compiled(part: ModuleType | None) -> ModuleType | None:
+    """``part`` (one of this module's compiled walks) where it is built and the compiled core is
+    not turned off (``ONNX_REMAT_NATIVE=0``), else None."""
+    if part is None or os.environ.get("ONNX_REMAT_NATIVE", "1") == "0":
+        return None
+    return part
+
+
+def built() -> bool:
+    """Whether the install built every compiled walk."""
+    return plan_walk is not None and default_order_walk is not None
