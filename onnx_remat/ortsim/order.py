@@ -95,13 +95,15 @@ def default_order(
 def compiled_default_order(
     indices: Sequence[int], producers: Mapping[int, Sequence[int]], follow_parent: dict[int, int]
 ) -> list[int] | None:
-    """:func:`default_order` by the compiled walk (``compiled/default_order.c``), or None where it is not built
-    or turned off. ``producers`` has an entry for every index of ``indices``; the nodes some node reads
-    from are those entries' members."""
+    """:func:`default_order` by the compiled walk (``compiled/default_order.c``), or None where it is
+    not built or turned off. ``indices``: the live nodes in node-list order (as :func:`default_order`
+    reads them: ascending, or the leaves moved); ``producers``: the producers of each (none where
+    absent); the nodes some node reads from are theirs."""
     walk = native.compiled(native.default_order_walk)
     if walk is None:
         return None
-    lists = list(map(producers.__getitem__, indices))
+    none: tuple[int, ...] = ()
+    lists = [producers.get(i, none) for i in indices]
     ptr = np.zeros(len(lists) + 1, dtype=np.int64)
     ptr[1:] = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
     np.cumsum(ptr, out=ptr)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input
-from onnx_remat.ortsim.order import default_order
+from onnx_remat.ortsim.order import compiled_default_order, default_order
 
 POLICIES = ("default", "freeing", "greedy")
 
@@ -266,7 +266,11 @@ class LeafOrders:
             # walk saved: the DEFAULT policy ranks them so, as the DEFAULT order runs them).
             return list(self.current)
         # the indices in node-list order (default_order reads its leaves' order from it)
-        return default_order(self.before + ranked + self.after, self.producers, self.has_consumer, self.follow)
+        indices = self.before + ranked + self.after
+        compiled = compiled_default_order(indices, self.producers, self.follow)
+        if compiled is not None:
+            return compiled
+        return default_order(indices, self.producers, self.has_consumer, self.follow)
 
     def _renumbered(self, rank: Mapping[int, int]) -> list[int]:
         """The order by the node list's new indices: every edge renumbered."""

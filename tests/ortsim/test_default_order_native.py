@@ -72,3 +72,26 @@ def test_corpus_graphs_emulate_the_same(corpus, monkeypatch, name):
     python = emulate(analysis.model, analysis.sizes.copy())
     assert compiled.order == python.order
     assert compiled.planned_peak_bytes == python.planned_peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_leaves_in_another_list_order_order_the_same(seed):
+    # scheduling.orders.LeafOrders hands the walk the node list with its leaves moved: the indices
+    # are not ascending, and the leaves are pushed in the list's order
+    rng = random.Random(1000 + seed)
+    n = rng.randint(2, 200)
+    indices = list(range(n))
+    producers = {i: [rng.randrange(i) for _ in range(rng.choice([0, 1, 2]))] for i in range(1, n)}
+    producers[0] = []
+    readers = {p for ps in producers.values() for p in ps}
+    leaves = [i for i in indices if i not in readers]
+    rng.shuffle(leaves)
+    listed = [i for i in indices if i in readers] + leaves
+    assert compiled_default_order(listed, producers, {}) == _python(listed, producers, {})
+
+
+def test_the_walk_refuses_what_is_not_a_graph():
+    with pytest.raises(ValueError):
+        compiled_default_order([0, 1, 1], {0: [], 1: [0]}, {})  # a node listed twice
+    with pytest.raises(ValueError):
+        compiled_default_order([0, 1], {0: [], 1: [5]}, {})  # a producer that is no node

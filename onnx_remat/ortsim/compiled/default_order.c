@@ -9,7 +9,8 @@
    third of a second each at 10^5 nodes in Python.
 
    walk(indices, prod_ptr, prod_ids, follow_child, follow_parent, out) -> number written to out
-     indices: int32, the live node indices, ascending; prod_ptr: int64 [len(indices) + 1] and
+     indices: int32, the live node indices, in node-list order (ascending, or the order a list
+     with moved leaves gives: the leaves are pushed in this order); prod_ptr: int64 [len(indices) + 1] and
      prod_ids: int32, the producers of indices[k] (with repeats, any order); follow_child /
      follow_parent: int32, the Shape/Size nodes to move and their inputs' producers, children
      ascending; out: int32 [len(indices)], the order. Only the buffer protocol is used. */
@@ -64,7 +65,14 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "walk: array lengths do not match");
         goto release;
     }
-    const Py_ssize_t size = n ? (Py_ssize_t)indices[n - 1] + 1 : 0;
+    Py_ssize_t size = 0; /* the largest index + 1 (the indices need not be ascending) */
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (indices[k] < 0) {
+            PyErr_SetString(PyExc_ValueError, "walk: a negative node index");
+            goto release;
+        }
+        if (indices[k] >= size) size = (Py_ssize_t)indices[k] + 1;
+    }
     for (Py_ssize_t k = 0; k < n_prods; k++) {
         if (prods[k] < 0 || prods[k] >= size) {
             PyErr_SetString(PyExc_ValueError, "walk: a producer is not a node");
@@ -83,7 +91,13 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         goto release;
     }
     for (Py_ssize_t i = 0; i < size; i++) pos[i] = -1;
-    for (Py_ssize_t k = 0; k < n; k++) pos[indices[k]] = (int32_t)k;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (pos[indices[k]] >= 0) {
+            PyErr_SetString(PyExc_ValueError, "walk: a node index listed twice");
+            goto release;
+        }
+        pos[indices[k]] = (int32_t)k;
+    }
     for (Py_ssize_t k = 0; k < n_prods; k++) has_consumer[prods[k]] = 1;
 
     /* The leaves in index order, the last on top: encoded as v >= 0 "visit", ~v "emit". */
