@@ -12,6 +12,7 @@ depends on an unbound symbol, or on nothing known, is ``None``, never a silent z
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import cast
 
 import numpy as np
 import onnx
@@ -253,10 +254,9 @@ class TensorSizes:
         keys: list[tuple[int, tuple[Dim, ...]] | None] = []
         for name in names:
             info = info_of(name)
-            dims = info[1] if info is not None else None
-            if info is not None and dims is not None:
+            if info is not None and info[1] is not None:
                 declared.append(True)
-                shape = (info[0], dims)
+                shape = cast("tuple[int, tuple[Dim, ...]]", info)  # (its dims checked: no tuple made per name)
                 keys.append(shape if info[0] else None)
                 size = by_info.get(shape, _UNSEEN)
                 if size is _UNSEEN:

@@ -229,38 +229,38 @@ def walk(arrays: PlanArrays, nodes: list[RuntimeNode]) -> Walked | None:
     steps_order = np.fromiter(map(attrgetter("index"), nodes), dtype=np.int32, count=steps)
     if steps and np.bincount(steps_order).max() > 1:
         return None
-    out = Walked(
-        kind=np.empty(T, dtype=np.int8),
-        buffer=np.empty(T, dtype=np.int32),
-        alloc_step=np.empty(T, dtype=np.int32),
-        release_step=np.empty(T, dtype=np.int32),
-        planned=np.empty(T, dtype=np.uint8),
-        offset=np.empty(T, dtype=np.int64),
-        seq=np.empty(T, dtype=np.int32),
-        live_bytes=np.empty(steps, dtype=np.int64),
-        block_bytes=np.empty(steps, dtype=np.int64),
-        dynamic_bytes=np.empty(steps, dtype=np.int64),
-        unknown=np.empty(T, dtype=np.int32),
-        dynamic=np.empty(T, dtype=np.int32),
-        planned_peak=0,
-        peak_live=0,
-        peak_live_step=0,
-        block_peak_step=0,
-    )
+    # the walk's outputs, in the order it takes them (compiled/plan_walk.c)
+    per_tensor = {name: np.empty(T, dtype=dtype) for name, dtype in _PER_TENSOR}
+    per_step = {name: np.empty(steps, dtype=np.int64) for name in ("live_bytes", "block_bytes", "dynamic_bytes")}
+    unknown, dynamic = np.empty(T, dtype=np.int32), np.empty(T, dtype=np.int32)
     assert native.plan_walk is not None
     once, n_planned, n_unknown, n_dynamic, peak, peak_live, peak_live_step, block_peak_step = native.plan_walk.walk(
         steps_order, a.use, a.key, a.reusable, a.size, a.declared, a.is_output, a.caller,
         a.in_ptr, a.in_ids, a.out_ptr, a.out_ids, a.may_share, a.alias, a.inpl_ptr, a.inpl_pos,
-        out.kind, out.buffer, out.alloc_step, out.release_step, out.planned, out.offset, out.seq,
-        out.live_bytes, out.block_bytes, out.dynamic_bytes, out.unknown, out.dynamic,
+        *per_tensor.values(), *per_step.values(), unknown, dynamic,
     )  # fmt: skip
     if not once:
         return None
-    out.seq, out.unknown, out.dynamic = out.seq[:n_planned], out.unknown[:n_unknown], out.dynamic[:n_dynamic]
-    out.planned_peak, out.peak_live, out.peak_live_step, out.block_peak_step = (
-        peak,
-        peak_live,
-        peak_live_step,
-        block_peak_step,
+    per_tensor["seq"] = per_tensor["seq"][:n_planned]
+    return Walked(
+        **per_tensor,
+        **per_step,
+        unknown=unknown[:n_unknown],
+        dynamic=dynamic[:n_dynamic],
+        planned_peak=peak,
+        peak_live=peak_live,
+        peak_live_step=peak_live_step,
+        block_peak_step=block_peak_step,
     )
-    return out
+
+
+# The walk's per-tensor outputs (Walked's fields), in the order it takes them.
+_PER_TENSOR = (
+    ("kind", np.int8),
+    ("buffer", np.int32),
+    ("alloc_step", np.int32),
+    ("release_step", np.int32),
+    ("planned", np.uint8),
+    ("offset", np.int64),
+    ("seq", np.int32),
+)
