@@ -233,19 +233,38 @@ class _Tables:
         # stay unpacked (``recent``): a table is read by the tables of the groups around it.
         self.cache: dict[tuple[int, int, bool, bool], PackedTable] = {}
         self.recent: dict[int, np.ndarray] = {}  # by id in the store: equal layers share tables
+        # Whether a group's first (last) unit needs other bytes there than inside a group
+        # (:func:`_role_need`): where it does not, the flag names the same table as without it, and
+        # the key drops it (4 keys a group of 3,850 layers made each table 4 times: 165,000 keys
+        # for 42,000 tables, the key's splits walked each time).
+        self.start_differs = [_first_differs(u) for u in units]
+        self.end_differs = [_last_differs(u) for u in units]
 
     def get(self, a: int, b: int, start: bool = True, end: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """(cost over H, best split over H: ``s - a`` for the split after unit ``s``, -1 for the base
         case); ``start``: ``a`` starts the group (its input is stored, not held); ``end``: ``b`` ends
         it (the unit after it is not in the group)."""
-        val = self.cost(a, b, start, end)
-        return val, self.cache[(a, b, start, end)].unpack_split()
+        key = self.key(a, b, start, end)
+        val = self.cost(*key)
+        return val, self.cache[key].unpack_split()
 
     def cost(self, a: int, b: int, start: bool = True, end: bool = True) -> np.ndarray:
         """The cost over H of :meth:`get`, without the splits."""
-        key = (a, b, start, end)
+        key = self.key(a, b, start, end)
         self._entry(key)
         return self._val(key)
+
+    def key(self, a: int, b: int, start: bool, end: bool) -> tuple[int, int, bool, bool]:
+        """The cache key of table ``(a, b, start, end)``: a flag that changes no need is dropped
+        (``start`` reaches only unit ``a``'s own table, ``end`` only unit ``b``'s)."""
+        if a == b:
+            # one unit: its need is the first need, else the last, else the layer's (_role_need)
+            if start and self.start_differs[a]:
+                return (a, a, True, False)
+            if end and self.end_differs[a] and not (start and self.u[a].first_need is not None):
+                return (a, a, False, True)
+            return (a, a, False, False)
+        return (a, b, start and self.start_differs[a], end and self.end_differs[b])
 
     def _entry(self, key: tuple[int, int, bool, bool]) -> int:
         """The id in the store of the table ``get`` reads for ``key`` (made, packed, if need be).
@@ -271,13 +290,14 @@ class _Tables:
             held, advance, forward = self.b, self.advance, self.forward
             ev = self.event_ext[b] + self.kept_before[b]
             adv = 0
+            tkey = self.key
             for s in range(a, b):
                 step = advance[s] + (held[s - 1] if s > a else 0)
                 adv = max(adv, step)
                 lo = max(ev + adv, held[s], 0)
                 if lo > K:
                     break
-                right, left = (s + 1, b, False, end), (a, s, start, False)
+                right, left = tkey(s + 1, b, False, end), tkey(a, s, start, False)
                 splits.append((forward[s + 1] - forward[a], lo, held[s], right, left))
             # (the parts' ids inline: nearly every part is in the cache already, and a call per
             # part was a third of a 3,850-layer solve)
@@ -322,15 +342,20 @@ class _Tables:
         K = self.K
         if not splits:
             return np.full(K + 1, INF), np.full(K + 1, -1, dtype=np.int32)
-        cand = np.full((len(splits), K + 1), INF)
+        val = np.full(K + 1, INF)
+        split = np.full(K + 1, -1, dtype=np.int32)
+        cand, better = np.empty(K + 1), np.empty(K + 1, dtype=bool)
         for i, (f, lo, o, right, left) in enumerate(splits):
             # H - o_s indexes right (o_s is held while s+1..b run); H indexes left; below lo: infeasible
-            row = cand[i, lo:]
+            row = cand[lo:]
             np.add(self._val(right)[lo - o : K + 1 - o], f, out=row)
             np.add(row, self._val(left)[lo:], out=row)
-        best = cand.argmin(axis=0)  # the first split of least cost, as a strict improvement keeps it
-        val = cand[best, self.H]
-        split = np.where(val < INF, best, -1).astype(np.int32)
+            # a running minimum, kept where strictly lower: the first split of least cost (a
+            # column-wise argmin over the splits' rows read them with a stride: twice as long)
+            kept, lower = val[lo:], better[lo:]
+            np.less(row, kept, out=lower)
+            np.copyto(kept, row, where=lower)
+            np.copyto(split[lo:], i, where=lower)
         return val, split
 
     def events(self, a: int, b: int, H: int, from_clone: bool, start: bool = True, end: bool = True) -> list[Event]:
@@ -345,6 +370,16 @@ class _Tables:
         first.start, first.from_clone = a - 1, from_clone
         first.holds = [s, *first.holds]
         return right + self.events(a, s, H, from_clone, start, False)
+
+
+def _first_differs(u: UnitSpec) -> bool:
+    """Whether a group starting at ``u`` needs other bytes there than its layer recompute."""
+    return u.first_need is not None and (u.layer is None or u.first_need != u.layer[1])
+
+
+def _last_differs(u: UnitSpec) -> bool:
+    """Whether a group ending at ``u`` needs other bytes there than its layer recompute."""
+    return u.last_need is not None and (u.layer is None or u.last_need != u.layer[1])
 
 
 def _role_need(u: UnitSpec, start: bool, end: bool, need: int) -> int:

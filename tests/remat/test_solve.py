@@ -178,3 +178,39 @@ def test_descending_reads_the_clipped_table():
             for hi in range(30):
                 clipped = table[np.clip(top - np.arange(hi + 1), 0, length - 1)]
                 assert np.array_equal(_descending(table, top, hi), clipped), (length, top, hi)
+
+
+def _with_role_needs(rng: random.Random, problem: Problem) -> Problem:
+    """``problem`` with each unit's first and last need absent, equal to its layer's or another."""
+    for u in problem.units:
+        assert u.layer is not None
+        u.first_need = rng.choice([None, u.layer[1], u.layer[1] + rng.randint(1, 6)])
+        u.last_need = rng.choice([None, u.layer[1], u.layer[1] - rng.randint(1, 4)])
+    return problem
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_table_keys_drop_only_flags_that_change_nothing(seed, monkeypatch):
+    """A rotor table's key leaves out a start (end) flag where the group's first (last) unit needs
+    what its layer needs: every table, and every solve, is the one made with every flag kept."""
+    from onnx_remat.remat.solve import _Tables
+
+    rng = random.Random(300 + seed)
+    problem = _with_role_needs(rng, random_problem(rng, 6))
+    collapsed = _Tables(problem.units, 1, 60)
+    every_flag = _Tables(problem.units, 1, 60)
+    every_flag.key = lambda a, b, start, end: (a, b, start, end)  # type: ignore[method-assign]
+    for a in range(6):
+        for b in range(a, 6):
+            for start in (False, True):
+                for end in (False, True):
+                    val, split = collapsed.get(a, b, start, end)
+                    want_val, want_split = every_flag.get(a, b, start, end)
+                    assert np.array_equal(val, want_val), (a, b, start, end)
+                    assert np.array_equal(split, want_split), (a, b, start, end)
+    assert len(collapsed.cache) < len(every_flag.cache)
+    budgets = list(range(20, 70, 2))  # (tight budgets take rotor groups)
+    got = [solve(problem, budget, quantum=1) for budget in budgets]
+    monkeypatch.setattr(_Tables, "key", lambda self, a, b, start, end: (a, b, start, end))
+    assert [solve(problem, budget, quantum=1) for budget in budgets] == got
+    assert any(s is not None and any(c.events for c in s.choices) for s in got)
