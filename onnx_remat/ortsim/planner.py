@@ -193,7 +193,7 @@ def plan_memory(rg: RuntimeGraph, order: Sequence[int]) -> MemoryPlan:
     without it, in Python (:func:`python_plan`)."""
     nodes = [n for n in map(rg.nodes.__getitem__, order) if n is not None]
     if native_available():
-        arrays = _arrays(rg)
+        arrays = numbered(rg)
         walked = walk(arrays, nodes)
         if walked is not None:
             return _walked_plan(list(order), arrays, walked)
@@ -348,9 +348,11 @@ def _tables(rg: RuntimeGraph) -> _PlanTables:
     return tables
 
 
-def _arrays(rg: RuntimeGraph) -> PlanArrays:
-    """The graph numbered for the compiled walk (:func:`~onnx_remat.ortsim.plan_arrays.plan_arrays`),
-    kept on ``rg`` as :func:`_tables` keeps the tables, for the graph state it was made for."""
+def numbered(rg: RuntimeGraph) -> PlanArrays:
+    """``rg`` numbered as integer arrays for the compiled walks (:func:`~onnx_remat.ortsim.plan_arrays.plan_arrays`),
+    kept on ``rg`` as :func:`_tables` keeps the tables, for the graph state it was made for: the
+    memory plans and the list schedulers (:class:`~onnx_remat.scheduling.orders.ListScheduler`) of
+    one graph state share it."""
     state = _graph_state(rg)
     cached = rg.plan_arrays
     if isinstance(cached, PlanArrays) and cached.state == state:
@@ -378,7 +380,7 @@ def prepare_plans(rg: RuntimeGraph) -> None:
     compiled walk, else :class:`_PlanTables`), so that forked children planning orders of ``rg``
     share it rather than each reading it."""
     if native_available():
-        _arrays(rg)
+        numbered(rg)
     else:
         _tables(rg)
 

@@ -27,13 +27,20 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Mapping, Sequence
+from functools import cached_property
+
+import numpy as np
 
 from onnx_remat.analysis.sizes import TensorSizes
+from onnx_remat.ortsim import compiled as native
 from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input
 from onnx_remat.ortsim.order import compiled_default_order, default_order
+from onnx_remat.ortsim.planner import numbered
 
 POLICIES = ("default", "freeing", "greedy")
+# The compiled walk's policy codes (onnx_remat/ortsim/compiled/list_schedule.c).
+_POLICY_CODES = {"default": 0, "freeing": 1, "greedy": 2}
 
 
 def list_schedule(rg: RuntimeGraph, base: Sequence[int], policy: str) -> list[int]:
@@ -52,7 +59,13 @@ def list_schedule(rg: RuntimeGraph, base: Sequence[int], policy: str) -> list[in
 
 class ListScheduler:
     """:func:`list_schedule` for one graph and ``base`` and any number of policies: what every
-    policy reads of the graph (producers, readers, sizes, each node's bytes) is read once."""
+    policy reads of the graph (producers, readers, sizes, each node's bytes) is read once.
+
+    The walk is compiled (``onnx_remat/ortsim/compiled/list_schedule.c``, on the graph as the
+    memory planner numbers it: :func:`~onnx_remat.ortsim.planner.numbered`) where the install built
+    it and it is not turned off (:func:`~onnx_remat.ortsim.compiled.compiled`); the Python walk
+    here is the reference (tests/scheduling/test_list_schedule_native.py compares both) and walks
+    where the compiled one is missing or declines the graph (a tensor written by two nodes)."""
 
     def __init__(self, rg: RuntimeGraph, base: Sequence[int]):
         self.rg = rg
@@ -60,25 +73,36 @@ class ListScheduler:
         self.position = {i: k for k, i in enumerate(self.base)}
         if len(self.position) != len(self.base):  # a node twice: no order runs every entry of base
             raise RuntimeError("the runtime graph has a cycle")
-        self.nodes = [rg.at(i) for i in self.base]
-        # Everything below works on positions in base: a node's key ends with its position, so
-        # positions order the walk exactly as node indices with positions as tie-breaks would.
-        self.producers = [set(rg.producers_of(n)) for n in self.nodes]
-        self._walk: tuple | None = None  # what the non-trivial walks share, made on first use
+        self._walk: tuple | None = None  # what the Python walks share, made on first use
         # tensor -> positions of its distinct readers in base, for the tensors whose readers the
         # walks have looked up (every policy asks for the same tensors' readers)
         self._reading_positions: dict[str, list[int]] = {}
+
+    @cached_property
+    def nodes(self) -> list[RuntimeNode]:
+        """The nodes of base, in its order."""
+        return [self.rg.at(i) for i in self.base]
+
+    @cached_property
+    def producers(self) -> list[set[int]]:
+        """Per position in base, the indices of the nodes feeding it. The Python walk works on
+        positions in base: a node's key ends with its position, so positions order the walk exactly
+        as node indices with positions as tie-breaks would."""
+        return [set(self.rg.producers_of(n)) for n in self.nodes]
 
     def order(self, policy: str) -> list[int]:
         """The order ``policy`` (one of :data:`POLICIES`) chooses."""
         if policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {policy!r}")
+        walked = self._compiled_order(policy)
+        if walked is not None:
+            return walked
         base, position = self.base, self.position
         count = len(base)
         if policy == "default" and _runs_in_order(self.producers, position):
             # Always running the earliest ready node of a topological order runs that order.
             return list(base)
-        inputs_of, readers0, size, kept, allocates, freed0, dependents, in_degree0 = self.prepare()
+        inputs_of, readers0, size, kept, allocates, freed0, dependents, in_degree0 = self._python_walk_state()
         reading = self._reading_positions
         # the walk counts these down: each policy starts from fresh copies
         readers = dict(readers0)
@@ -132,11 +156,42 @@ class ListScheduler:
             raise RuntimeError("the runtime graph has a cycle")
         return order
 
-    def prepare(self) -> tuple:
-        """What every walk but the DEFAULT policy's reads (each node's inputs and bytes, the
+    def prepare(self) -> None:
+        """Read what the walks read of the graph, once: its numbering for the compiled walk (which
+        the memory plans of the graph share), else the Python walks' state. Called before forking the
+        processes that walk for several policies, so that they share it."""
+        if self._compiled_walk() is None:
+            self._python_walk_state()
+
+    def _compiled_walk(self):
+        """The compiled walk (module), None where it is not built or is turned off."""
+        return native.compiled(native.list_schedule_walk)
+
+    @cached_property
+    def _compiled_inputs(self) -> tuple:
+        """What the compiled walk reads: base as int32, and the graph's numbering (made once per
+        graph state, shared with its memory plans) with the tensors never freed."""
+        arrays = numbered(self.rg)
+        kept = arrays.caller | arrays.is_output  # graph inputs, initializers and outputs
+        return np.asarray(self.base, dtype=np.int32), arrays, kept
+
+    def _compiled_order(self, policy: str) -> list[int] | None:
+        """The compiled walk's order for ``policy``; None where it is missing or declines the graph."""
+        walk = self._compiled_walk()
+        if walk is None:
+            return None
+        base, a, kept = self._compiled_inputs
+        out = np.empty(len(base), dtype=np.int32)
+        code = _POLICY_CODES[policy]
+        status = walk.walk(base, code, a.in_ptr, a.in_ids, a.out_ptr, a.out_ids, a.alias, a.size, kept, out)
+        if status == 1:
+            raise RuntimeError("the runtime graph has a cycle")
+        return out.tolist() if status == 0 else None
+
+    def _python_walk_state(self) -> tuple:
+        """What every Python walk but the DEFAULT policy's reads (each node's inputs and bytes, the
         readers of each tensor, the dependents of each node), made on the first call: a third of
-        a walk's time at 10^5 nodes. Called before forking the processes that walk for several
-        policies, so that they share it."""
+        a walk's time at 10^5 nodes."""
         if self._walk is None:
             rg = self.rg
             inputs_of, readers0, size, kept = _inputs_read(rg, self.nodes)

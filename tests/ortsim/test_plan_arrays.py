@@ -32,7 +32,7 @@ def _orders(g):
 
 def _compiled(rg, order):
     """The plan of ``order`` by the compiled walk, checked to be the walk's (not the fallback)."""
-    arrays = planner._arrays(rg)
+    arrays = planner.numbered(rg)
     nodes = [n for n in (rg.nodes[i] for i in order) if n is not None]
     assert plan_arrays.walk(arrays, nodes) is not None
     return plan_memory(rg, order)
@@ -100,7 +100,7 @@ def test_the_numbering_follows_the_graph():
 def test_what_the_walk_does_not_plan_is_planned_in_python():
     analysis = analyze_model(artifacts_dir("blocks10"))
     g = emulate(analysis.model, analysis.sizes)
-    arrays = planner._arrays(g.rg)
+    arrays = planner.numbered(g.rg)
     nodes = [g.rg.nodes[i] for i in g.order]
     # part of the graph: planned as the graph of those nodes alone
     part = g.order[: len(g.order) // 2]
@@ -121,7 +121,7 @@ def test_a_tensor_planned_twice_is_planned_in_python():
     first, last = rg.nodes[g.order[0]], rg.nodes[g.order[-1]]
     rg.nodes[last.index] = dataclasses.replace(last, outputs=[first.outputs[0], *last.outputs[1:]])
     rg.plan_arrays = rg.plan_tables = None
-    assert plan_arrays.walk(planner._arrays(rg), [rg.nodes[i] for i in g.order]) is None
+    assert plan_arrays.walk(planner.numbered(rg), [rg.nodes[i] for i in g.order]) is None
     _same(plan_memory(rg, g.order), python_plan(rg, g.order))
 
 

@@ -1,12 +1,14 @@
 """The emulation's compiled core: which parts the install built, and the switch that turns it off.
 
-Two hot walks of the emulation are written in C as well as in Python, each over integer arrays:
-onnxruntime's memory plan of one order (``plan_walk.c``, through
-:mod:`~onnx_remat.ortsim.plan_arrays`) and its DEFAULT execution order (``default_order.c``,
-through :mod:`~onnx_remat.ortsim.order`). The Python walks are the reference: the tests compare
-both on every graph they plan or order. The C files are optional extensions of the package
-(``pyproject.toml``): an install without a C compiler still works, with every walk in Python, and
-``ONNX_REMAT_NATIVE=0`` turns the compiled walks off. Why C, and not more of it: both walks are one
+Three hot walks over the emulated graph are written in C as well as in Python, each over integer
+arrays: onnxruntime's memory plan of one order (``plan_walk.c``, through
+:mod:`~onnx_remat.ortsim.plan_arrays`), its DEFAULT execution order (``default_order.c``, through
+:mod:`~onnx_remat.ortsim.order`) and the memory schedule's list schedulers (``list_schedule.c``,
+through :class:`~onnx_remat.scheduling.orders.ListScheduler`, on the plan's numbering of the
+graph). The Python walks are the reference: the tests compare both on every graph they plan or
+order. The C files are optional extensions of the package (``pyproject.toml``): an install without
+a C compiler still works, with every walk in Python, and ``ONNX_REMAT_NATIVE=0`` turns the compiled
+walks off. Why C, and not more of it: each walk is one
 sequential pass over every edge of the graph, asked several times per command, whose Python time was
 mostly dictionary lookups; the rest of the emulation (the optimizer's rewrites, shapes) works on
 names and protos, where a compiled pass would first have to copy the graph into arrays.
@@ -30,6 +32,7 @@ def _built(name: str) -> ModuleType | None:
 # built by the install where a C compiler is found (setuptools' optional extensions)
 plan_walk = _built("plan_walk")
 default_order_walk = _built("default_order")
+list_schedule_walk = _built("list_schedule")
 
 
 def compiled(part: ModuleType | None) -> ModuleType | None:
@@ -42,4 +45,4 @@ def compiled(part: ModuleType | None) -> ModuleType | None:
 
 def built() -> bool:
     """Whether the install built every compiled walk."""
-    return plan_walk is not None and default_order_walk is not None
+    return plan_walk is not None and default_order_walk is not None and list_schedule_walk is not None
