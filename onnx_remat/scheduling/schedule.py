@@ -215,19 +215,23 @@ class MemorySchedule:
         checks = _WrittenChecks(model_check if given.model is checked_model else None, given, self._check_ahead)
         if model_check is not None and checks.inherited is None:
             model_check.cancel()  # given was pinned: not the graph it judges
-        graphs: list[tuple[str, Emulation]] = [("as given", given)]
-        accumulation = accumulate_gradients(given.model, given.rg, given.order, self.grad_accumulation)
-        if accumulation.gradients:
-            acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
-            graphs.append((self.grad_accumulation, emulate(accumulation.model, acc_sizes)))
         verifying: dict[int, Forked[list[str] | None]] = {}  # id(predicted order) -> its written graph's check
         placers: dict[int, LeafPlacer] = {}  # per graph (by id), its nodes and leaves read once
-        candidates = self._candidates(graphs, given, verifying, placers)
-        # Only predictions below the input's peak are worth writing (a handful at most).
-        promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
-        tried = [c[0] for c in candidates]
-        del candidates  # the other predicted plans can go (their figures stay in the Candidates)
         try:
+            # The given graph is predicted before the gradients are accumulated another way: the
+            # check of the first order it predicts (in a forked child: _verify_first), which the
+            # writes wait for, starts before that graph is made and emulated, not after.
+            candidates = self._candidates("as given", given, given, verifying, placers)
+            accumulation = accumulate_gradients(given.model, given.rg, given.order, self.grad_accumulation)
+            if accumulation.gradients:
+                acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
+                accumulated = emulate(accumulation.model, acc_sizes)
+                candidates += self._candidates(self.grad_accumulation, accumulated, given, verifying, placers)
+            candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
+            # Only predictions below the input's peak are worth writing (a handful at most).
+            promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
+            tried = [c[0] for c in candidates]
+            del candidates  # the other predicted plans can go (their figures stay in the Candidates)
             best, best_checking = _write_promising(promising, wanted_random, checks, verifying, placers)
         finally:
             for pending in verifying.values():
@@ -262,28 +266,27 @@ class MemorySchedule:
 
     def _candidates(
         self,
-        graphs: list[tuple[str, Emulation]],
+        label: str,
+        g: Emulation,
         given: Emulation,
         verifying: dict[int, Forked[list[str] | None]],
         placers: dict[int, LeafPlacer],
     ) -> list[_Candidate]:
-        """Every graph's candidates (its node list as written, where it is not the given graph,
-        and each policy's prediction), lowest predicted peak first. Where the predictions are made
-        beside, the graph written for the first new order predicted here (the ``freeing`` policy's,
-        the one most often written: it comes first among equal predictions) is emulated in a forked
-        child as soon as the order is known, to check that it runs as predicted (``verifying``, by
-        the predicted order's id: taken by :func:`_write_promising`), with the graph's
+        """The candidates of graph ``g`` (named ``label``): its node list as written, where it is
+        not the given graph, and each policy's prediction, in that order (the caller sorts every
+        graph's by predicted peak). Where the predictions are made beside, the graph written for the
+        first new order predicted here (the ``freeing`` policy's, the one most often written: it
+        comes first among equal predictions) is emulated in a forked child as soon as the order is
+        known, to check that it runs as predicted (``verifying``, by the predicted order's id: taken
+        by :func:`_write_promising`), with the graph's
         :class:`~onnx_remat.scheduling.realize.LeafPlacer` made here first (into ``placers``), which
         the child and then :func:`_write_promising` read."""
         candidates: list[_Candidate] = []
-        for label, g in graphs:
-            if g is not given:
-                candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
-
-            for policy, rank, predicted, plan in _predictions(g, self.policies, _verify_first(g, verifying, placers)):
-                ranks = _leaf_ranks(g, rank)
-                candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
-        candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
+        if g is not given:
+            candidates.append((Candidate(label, "as written", g.planned_peak_bytes), g, None, None))
+        for policy, rank, predicted, plan in _predictions(g, self.policies, _verify_first(g, verifying, placers)):
+            ranks = _leaf_ranks(g, rank)
+            candidates.append((Candidate(label, policy, plan.planned_peak_bytes), g, ranks, (predicted, plan)))
         return candidates
 
     def _check_ahead(self, written: onnx.ModelProto) -> CheckProcess | None:
@@ -486,8 +489,8 @@ def _predictions(g: Emulation, policies: Sequence[str], new_order: OrderHook | N
     and planned peaks (:class:`PredictedPeak`), not plans. Its orders are matched against those here,
     so an order planned here keeps its plan, and the predictions' orders and peaks are the
     sequential ones. ``new_order``: where there is a child, called with the rank and the order of
-    each prediction made in this process that is not the graph's own order, as soon as the order is
-    known (before its plan), while the child still works."""
+    each prediction made in this process that is not the graph's own order (nor an earlier one's),
+    as soon as the order is known (before any plan, and before the child starts)."""
     current = g.order if g.order_source == DEFAULT_ORDER else None  # (not an order given by name)
     scheduler, leaf_orders = ListScheduler(g.rg, g.order), LeafOrders(g.rg, g.first_added, current)
     ends = set(leaf_orders.leaves)
@@ -495,47 +498,58 @@ def _predictions(g: Emulation, policies: Sequence[str], new_order: OrderHook | N
     def known(plans: list[Prediction], predicted: list[int]) -> MemoryPlan | PredictedPeak | None:
         return next((p for o, p in plans if o == predicted), None)
 
-    def predict(
-        some: Sequence[str], plans: list[Prediction], new_order: OrderHook | None = None
-    ) -> list[PolicyPrediction]:
-        out: list[PolicyPrediction] = []
+    def ordered(some: Sequence[str]) -> list[tuple[str, dict[int, int], list[int]]]:
+        """Each policy's leaf ranks and the order they make onnxruntime run."""
+        out = []
         for policy in some:
             target = scheduler.order(policy)
             rank = {i: k for k, i in enumerate(target) if i in ends}
-            predicted = leaf_orders.order(rank)
+            out.append((policy, rank, leaf_orders.order(rank)))
+        return out
+
+    def predict(some: list[tuple[str, dict[int, int], list[int]]], plans: list[Prediction]) -> list[PolicyPrediction]:
+        """The orders ``some`` with their plans: each planned once (``plans``: those made already)."""
+        out: list[PolicyPrediction] = []
+        for policy, rank, predicted in some:
             plan = known(plans, predicted)
             if plan is None:
-                if new_order is not None:
-                    new_order(rank, predicted)
                 plan = plan_memory(g.rg, predicted)
                 plans.append((predicted, plan))
             out.append((policy, rank, predicted, plan))
         return out
 
     if not worth_running_beside(len(g.order)) or len(policies) < 2:
-        return predict(policies, [(g.order, g.plan)])
+        return predict(ordered(policies), [(g.order, g.plan)])
 
     own_planned = g.planned
 
     def predicted_in_child() -> tuple[list[PolicyPrediction], int | None]:
         predicted: list[PolicyPrediction] = [
             (p, rank, order, PredictedPeak(plan.planned_peak_bytes))
-            for p, rank, order, plan in predict(policies[-1:], [])
+            for p, rank, order, plan in predict(ordered(policies[-1:]), [])
         ]
         return predicted, None if own_planned else g.planned_peak_bytes
 
     # The emulation's own plan is asked for its peak alone, unless no order beats it (then the
     # result is the graph as given, whose plan its estimate reads): where it is not made yet, the
     # child plans it after its policy, and this process takes the peak (Emulation.know_peak). This
-    # process predicts the other policies meanwhile, and can start work on their orders
-    # (``new_order``) while the child still works.
+    # process finds its policies' orders first (compiled walks: a few hundredths of a second each)
+    # and starts work on the new ones (``new_order``) before the child is even started, then plans
+    # them while the child works.
     if any(policy != "default" for policy in policies):
         scheduler.prepare()  # shared by the walks here and in the child, rather than made in each
     prepare_plans(g.rg)  # what every plan reads of the graph: read once, for the plans here and there
     own: MemoryPlan | PredictedPeak = g.plan if own_planned else _OWN_PENDING
+    plans: list[Prediction] = [(g.order, own)]
+    mine = ordered(policies[:-1])
+    if new_order is not None:
+        seen = [g.order]
+        for _, rank, predicted in mine:
+            if predicted not in seen:
+                new_order(rank, predicted)
+                seen.append(predicted)
     with Forked.start(predicted_in_child) as rest:
-        plans: list[Prediction] = [(g.order, own)]
-        out = predict(policies[:-1], plans, new_order)
+        out = predict(mine, plans)
         theirs, own_peak = rest.result()
         for policy, rank, predicted, plan in theirs:
             same = known(plans, predicted)
