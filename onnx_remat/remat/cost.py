@@ -35,10 +35,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnx_remat.errors import RematError
+from onnx_remat.ortsim.graph import element_count
 
 # Rough CPU figures, fitted to onnxruntime's profiles of the example models (matrix products and
 # convolutions within ~x1.4, element-wise kernels within ~x3): only ratios matter to the planner.
@@ -111,7 +111,8 @@ def _numel(sizes, name: str) -> int:
     shape = sizes.shape(name) if name else None
     if shape is None or not all(isinstance(d, int) for d in shape):
         return 0
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+    # (element_count: np.prod's value without its per-call cost, asked for every node's outputs)
+    return element_count(shape)
 
 
 def _nbytes(sizes, name: str) -> int:
@@ -133,11 +134,11 @@ def flop_seconds(node: gs.Node, sizes) -> float:
     elif node.op == "ConvGrad" and len(node.inputs) > 2 and node.inputs[2].name:
         # (dY, X, W) -> dX, dW: two convolutions' worth of multiply-adds
         w = sizes.shape(node.inputs[2].name)
-        per_out = int(np.prod(w[1:], dtype=np.int64)) if w and all(isinstance(d, int) for d in w) else 1
+        per_out = element_count(w[1:]) if w and all(isinstance(d, int) for d in w) else 1
         flops = 4.0 * _numel(sizes, node.inputs[0].name) * per_out
     elif node.op in CONVS and len(node.inputs) > 1 and node.inputs[1].name:
         w = sizes.shape(node.inputs[1].name)
-        per_out = int(np.prod(w[1:], dtype=np.int64)) if w and all(isinstance(d, int) for d in w) else 1
+        per_out = element_count(w[1:]) if w and all(isinstance(d, int) for d in w) else 1
         flops = 2.0 * (_numel(sizes, outs[0]) if outs else 0) * per_out
     else:
         flops = float(out_elems * _OPS_PER_ELEMENT.get(node.op, 1))
