@@ -11,9 +11,13 @@ each (:mod:`onnx_remat.ortsim.compiled`: the compiled walks, and ``ONNX_REMAT_NA
 * the memory plan of the graph's DEFAULT order, *cold* (the graph's per-graph tables read first: a
   plan of a graph planned once, as the budget planner's evaluations make) and *warm* (read already:
   the memory schedule's several orders of one graph);
-* the DEFAULT order itself (the emulated optimizer asks it after each pass that changes the graph).
+* the DEFAULT order itself (the emulated optimizer asks it after each pass that changes the graph);
+* the list schedulers' orders (``freeing``, then ``greedy``: the memory schedule's policies) from a
+  fresh :class:`~onnx_remat.scheduling.orders.ListScheduler`, on the graph as the plans above left
+  it (the compiled walk reads the plans' numbering of the graph; the Python walk reads its own state
+  of the graph first, counted in the ``freeing`` row).
 
-Each pair is checked to give the same plan (every field) and the same order. Writes ``<out>.md``
+Each pair is checked to give the same plan (every field) and the same orders. Writes ``<out>.md``
 and ``<out>.json`` (default ``benchmarks/results/native_speed``). Medians of ``--repeat`` runs;
 the ratios, measured side by side, are what to read on a shared machine.
 """
@@ -49,6 +53,7 @@ def measure(blocks: int, repeat: int) -> dict:
     from onnx_remat.analysis.sizes import TensorSizes
     from onnx_remat.ortsim import compiled as native
     from onnx_remat.ortsim.emulation import emulate
+    from onnx_remat.scheduling.orders import ListScheduler
 
     if not native.built():
         raise SystemExit("the compiled walks are not built (make setup builds them)")
@@ -70,9 +75,18 @@ def measure(blocks: int, repeat: int) -> dict:
         warm, again = _timed(lambda: plan_memory(rg, order))
         rg._order = None  # (the graph's kept order: asked anew)
         walk, ordered = _timed(rg.default_order)
-        for key, value in (("plan, cold", cold), ("plan, warm", warm), ("DEFAULT order", walk)):
+        scheduler = ListScheduler(rg, order)
+        freeing, by_freeing = _timed(lambda: scheduler.order("freeing"))
+        greedy, by_greedy = _timed(lambda: scheduler.order("greedy"))
+        for key, value in (
+            ("plan, cold", cold),
+            ("plan, warm", warm),
+            ("DEFAULT order", walk),
+            ("list schedule, freeing", freeing),
+            ("list schedule, greedy", greedy),
+        ):
             rows.setdefault(key, {}).setdefault(way, []).append(value)
-        results[way] = (plan, again, ordered)
+        results[way] = (plan, again, (ordered, by_freeing, by_greedy))
 
     results: dict[str, tuple] = {}
     try:
