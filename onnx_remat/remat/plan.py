@@ -236,6 +236,9 @@ class Planner:
         self._stashed = {t.name for t in tg.stashed}
         self._cloneable: dict[int, bool] = {}  # by id(node): cloneable(), asked again and again
         self._replayable: dict[int, bool] = {}  # by id(node): replayable()
+        # by id(node): whether a replayable Dropout's mask shape and readers let it be packed
+        # (_packable; asked 108,000 times by the budget model at 3,850 layers)
+        self._pack_fits: dict[int, bool] = {}
         self._transposed: set[int] | None = None  # of _transposed_region(), made at first use
         self._index: tuple[list[gs.Node], dict[str, list[gs.Node]], dict[str, gs.Node]] | None = None
         self._graph_outputs = {t.name for t in tg.graph.outputs}
@@ -682,9 +685,12 @@ class Planner:
         node reads its output (the packing runs before that reader, see the rewrite)."""
         if self.dropout != "packed" or not self.replayable(node) or id(node) in self._keep_bytes:
             return False
-        if not can_pack(self.sizes.raw_dims(node.outputs[1].name), self._opset):
-            return False
-        return any(self.tg.is_forward(c) for c in node.outputs[0].outputs)
+        fits = self._pack_fits.get(id(node))
+        if fits is None:  # (the analysis it reads does not change)
+            fits = self._pack_fits[id(node)] = can_pack(self.sizes.raw_dims(node.outputs[1].name), self._opset) and any(
+                self.tg.is_forward(c) for c in node.outputs[0].outputs
+            )
+        return fits
 
     def _is_mask(self, t: gs.Tensor) -> bool:
         p = producer(t)
