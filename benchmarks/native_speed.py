@@ -6,7 +6,7 @@
 Builds the synthetic training graph (:mod:`benchmarks.synthetic`), rewrites it per block
 (``apply --scope 'blocks.*'``, unscheduled: the graph the memory schedule plans, ~1.6 x 10^5 nodes
 at 3,850 blocks), emulates the rewrite, then times, alternating the two ways ``--repeat`` times
-each (:mod:`onnx_remat.ortsim.compiled`: the compiled walks, and ``ONNX_REMAT_NATIVE=0``):
+each (:mod:`onnx_remat.compiled`: the compiled walks, and ``ONNX_REMAT_NATIVE=0``):
 
 * the memory plan of the graph's DEFAULT order, *cold* (the graph's per-graph tables read first: a
   plan of a graph planned once, as the budget planner's evaluations make) and *warm* (read already:
@@ -50,8 +50,8 @@ def measure(blocks: int, repeat: int) -> dict:
     import onnx_remat
     from benchmarks.synthetic import training_artifacts
     from onnx_remat import collector
+    from onnx_remat import compiled as native
     from onnx_remat.analysis.sizes import TensorSizes
-    from onnx_remat.ortsim import compiled as native
     from onnx_remat.ortsim.emulation import emulate
     from onnx_remat.scheduling.orders import ListScheduler
 

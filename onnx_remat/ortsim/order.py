@@ -19,7 +19,7 @@ indices of the nodes that produce its inputs. Output: the node indices in execut
   consumer.
 
 All three are iterative, O((nodes + edges) log nodes). :func:`compiled_default_order` is
-:func:`default_order` by the compiled walk (:mod:`~onnx_remat.ortsim.compiled`), where it is built.
+:func:`default_order` by the compiled walk (:mod:`~onnx_remat.compiled`), where it is built.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from itertools import chain
 
 import numpy as np
 
+from onnx_remat import compiled as native
 from onnx_remat.graph.toposort import ready_order
-from onnx_remat.ortsim import compiled as native
 
 HIGH_PRIORITY_OPS = frozenset({"Shape", "Size"})
 

@@ -10,7 +10,7 @@ walk itself (``compiled/plan_walk.c``: the reuse plan, the release plan and the 
 :class:`~onnx_remat.ortsim.planner.MemoryPlan` is built. tests/ortsim/test_plan_arrays.py compares
 the two plans field by field.
 
-The compiled walk is built by the package's install (:mod:`~onnx_remat.ortsim.compiled`). Where it is
+The compiled walk is built by the package's install (:mod:`~onnx_remat.compiled`). Where it is
 missing, or turned off, or the walk finds a tensor planned twice (an order or graph onnxruntime
 rejects), the Python planner plans it. Measured at 1.6 x 10^5 nodes: 0.67 s per plan in Python, 0.1 s here (``python -m
 benchmarks.plan_speed``).
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from onnx_remat.ortsim import compiled as native
+from onnx_remat import compiled as native
 from onnx_remat.ortsim.kernels import ALIAS, MAY_INPLACE, VARIADIC_ALIAS, alias_input, inplace_inputs, op_key
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 
 def native_available() -> bool:
-    """Whether the compiled walk is built and not turned off (:func:`~onnx_remat.ortsim.compiled.compiled`)."""
+    """Whether the compiled walk is built and not turned off (:func:`~onnx_remat.compiled.compiled`)."""
     return native.compiled(native.plan_walk) is not None
 
 

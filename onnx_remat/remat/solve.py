@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnx_remat import compiled as native
+
 INF = float("inf")
 RECENT_TABLES = 2048  # rotor tables a solve keeps unpacked (:class:`PackedTable`): 50 MiB at 3,850 layers
 
@@ -344,6 +346,10 @@ class _Tables:
             return np.full(K + 1, INF), np.full(K + 1, -1, dtype=np.int32)
         val = np.full(K + 1, INF)
         split = np.full(K + 1, -1, dtype=np.int32)
+        kernel = native.compiled(native.rotor_table)
+        if kernel is not None:  # the same walk in C (onnx_remat/compiled/rotor_table.c)
+            kernel.table([(f, lo, o, self._val(r), self._val(le)) for f, lo, o, r, le in splits], val, split)
+            return val, split
         cand, better = np.empty(K + 1), np.empty(K + 1, dtype=bool)
         for i, (f, lo, o, right, left) in enumerate(splits):
             # H - o_s indexes right (o_s is held while s+1..b run); H indexes left; below lo: infeasible
@@ -454,14 +460,19 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
     prev = np.full((n + 1, K + 1), -1, dtype=np.int64)
 
     levels = np.arange(K + 1)
+    kernel = native.compiled(native.rotor_table)
 
-    def relax(k_to: int, src: np.ndarray, add: int, lim: int, cost: np.ndarray | float, c: int) -> None:
-        """best[k_to][S + add] <- src[S] + cost for 0 <= S <= lim, where that is less."""
+    def relax(k_to: int, k_from: int, add: int, lim: int, cost: np.ndarray | float, c: int, top: int = 0) -> None:
+        """best[k_to][S + add] <- best[k_from][S] + cost for 0 <= S <= lim, where that is less;
+        ``cost``: a float, or a rotor table read at H = top - S (clipped to the table)."""
+        if kernel is not None:  # the same step in C (onnx_remat/compiled/rotor_table.c)
+            kernel.relax(best, code, prev, K, k_to, k_from, add, lim, c, cost, top)
+            return
         add = max(add, 0)  # a negative correction must not index from the end: count it as nothing kept
         hi = min(lim, K - add)
         if hi < 0:
             return
-        cand = src[: hi + 1] + (cost[: hi + 1] if isinstance(cost, np.ndarray) else cost)
+        cand = best[k_from, : hi + 1] + (_descending(cost, top, hi) if isinstance(cost, np.ndarray) else cost)
         span = slice(add, add + hi + 1)
         dst = best[k_to, span]
         better = cand < dst
@@ -474,7 +485,7 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
         fw = _q(u.fw_need, q)
         for oi, (cost, need, kept) in enumerate(u.options):
             lim = K - max(fw, _q(need, q))
-            relax(k + 1, best[k], _q(kept, q) + b[k], lim, float(cost), oi)
+            relax(k + 1, k, _q(kept, q) + b[k], lim, float(cost), oi)
         if u.layer is None:
             continue
         for a in _group_starts(problem, k):
@@ -492,8 +503,7 @@ def _solve(problem: Problem, budget: int, q: int, K: int, tables: _Tables, b: li
             if hi < 0:
                 continue
             # H = K - S - extra + P[a] for S = 0..hi
-            costs = _descending(rot, K - extra + kept_before[a], hi)
-            relax(k + 1, best[a], sig + b[k], hi, costs, -(a + 1))
+            relax(k + 1, a, sig + b[k], hi, rot, -(a + 1), K - extra + kept_before[a])
     final = best[n]
     lim = K - _q(problem.mid_need, q)
     if lim < 0 or not np.isfinite(final[: lim + 1]).any():

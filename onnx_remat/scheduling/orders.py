@@ -31,15 +31,15 @@ from functools import cached_property
 
 import numpy as np
 
+from onnx_remat import compiled as native
 from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.ortsim import compiled as native
 from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input
 from onnx_remat.ortsim.order import compiled_default_order, default_order
 from onnx_remat.ortsim.planner import numbered
 
 POLICIES = ("default", "freeing", "greedy")
-# The compiled walk's policy codes (onnx_remat/ortsim/compiled/list_schedule.c).
+# The compiled walk's policy codes (onnx_remat/compiled/list_schedule.c).
 _POLICY_CODES = {"default": 0, "freeing": 1, "greedy": 2}
 
 
@@ -61,9 +61,9 @@ class ListScheduler:
     """:func:`list_schedule` for one graph and ``base`` and any number of policies: what every
     policy reads of the graph (producers, readers, sizes, each node's bytes) is read once.
 
-    The walk is compiled (``onnx_remat/ortsim/compiled/list_schedule.c``, on the graph as the
+    The walk is compiled (``onnx_remat/compiled/list_schedule.c``, on the graph as the
     memory planner numbers it: :func:`~onnx_remat.ortsim.planner.numbered`) where the install built
-    it and it is not turned off (:func:`~onnx_remat.ortsim.compiled.compiled`); the Python walk
+    it and it is not turned off (:func:`~onnx_remat.compiled.compiled`); the Python walk
     here is the reference (tests/scheduling/test_list_schedule_native.py compares both) and walks
     where the compiled one is missing or declines the graph (a tensor written by two nodes)."""
 

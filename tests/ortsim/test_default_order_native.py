@@ -1,4 +1,4 @@
-"""The compiled DEFAULT order (onnx_remat/ortsim/compiled/default_order.c) is order.py's Python walk, node for
+"""The compiled DEFAULT order (onnx_remat/compiled/default_order.c) is order.py's Python walk, node for
 node: on random graphs (repeated and unsorted producers, holes in the indices, Shape nodes moved,
 several after one producer), on the example and corpus graphs as emulated, and after each pass of
 the emulated optimizer."""
@@ -11,8 +11,8 @@ from itertools import chain
 import pytest
 from conftest import artifacts_dir
 
+from onnx_remat import compiled as native
 from onnx_remat.analysis.model import analyze_model
-from onnx_remat.ortsim import compiled as native
 from onnx_remat.ortsim.emulation import emulate
 from onnx_remat.ortsim.graph import node_io, runtime_graph
 from onnx_remat.ortsim.optimizer import LEVEL1, LEVEL2

@@ -1,4 +1,4 @@
-"""The compiled memory-plan walk (onnx_remat/ortsim/compiled/plan_walk.c, numbered by plan_arrays.py) plans
+"""The compiled memory-plan walk (onnx_remat/compiled/plan_walk.c, numbered by plan_arrays.py) plans
 every order exactly as the Python planner does, field for field and in the same tensor order: on
 the example graphs, corpus graphs of both exporters, recompute rewrites and every list scheduler's
 order; and it hands back to the Python planner what it does not plan (part of a graph, a node run

@@ -214,3 +214,65 @@ def test_table_keys_drop_only_flags_that_change_nothing(seed, monkeypatch):
     monkeypatch.setattr(_Tables, "key", lambda self, a, b, start, end: (a, b, start, end))
     assert [solve(problem, budget, quantum=1) for budget in budgets] == got
     assert any(s is not None and any(c.events for c in s.choices) for s in got)
+
+
+def test_the_install_builds_the_compiled_solver_loops():
+    from onnx_remat import compiled as native
+
+    assert native.compiled(native.rotor_table) is not None
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_compiled_loops_solve_as_python_does(seed, monkeypatch):
+    """The rotor tables and the dynamic programme's steps in C (onnx_remat/compiled/rotor_table.c)
+    give every table, split and solution exactly as the Python loops do: costs compared as floats,
+    not approximately."""
+    from onnx_remat.remat.solve import _Tables
+
+    rng = random.Random(500 + seed)
+    n = rng.randint(3, 9)
+    problem = _with_role_needs(rng, random_problem(rng, n, chain=rng.random() < 0.8))
+    if seed % 2:  # whole costs: many plans cost the same, and the first found must stay the one kept
+        for u in problem.units:
+            u.options = [(float(round(c)), need, kept) for c, need, kept in u.options]
+            assert u.layer is not None
+            u.layer = (float(round(u.layer[0])), u.layer[1], u.layer[2])
+            u.forward_cost = float(round(u.forward_cost))
+    problem.max_group = rng.randint(2, n)
+    budgets = list(range(15, 90, 3))
+    quantum = rng.choice([1, 1, 2, 3])
+    compiled_tables = _Tables(problem.units, quantum, 40)
+    compiled = [solve(problem, budget, quantum=quantum) for budget in budgets]
+    monkeypatch.setenv("ONNX_REMAT_NATIVE", "0")
+    python_tables = _Tables(problem.units, quantum, 40)
+    for a in range(n):
+        for b in range(a, min(n, a + problem.max_group)):
+            for start in (False, True):
+                for end in (False, True):
+                    monkeypatch.setenv("ONNX_REMAT_NATIVE", "1")
+                    got = compiled_tables.get(a, b, start, end)
+                    monkeypatch.setenv("ONNX_REMAT_NATIVE", "0")
+                    want = python_tables.get(a, b, start, end)
+                    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (a, b, start, end)
+    assert [solve(problem, budget, quantum=quantum) for budget in budgets] == compiled
+    assert any(s is not None for s in compiled)
+
+
+def test_compiled_loops_refuse_what_does_not_fit():
+    from onnx_remat import compiled as native
+
+    kernel = native.compiled(native.rotor_table)
+    assert kernel is not None
+    val, split = np.full(5, np.inf), np.full(5, -1, dtype=np.int32)
+    table = np.zeros(5)
+    with pytest.raises(ValueError):
+        kernel.table([(1.0, 5, 0, table, table)], val, split)  # lo past the last level
+    with pytest.raises(ValueError):
+        kernel.table([(1.0, 2, 3, table, table)], val, split)  # holds more than its headroom
+    with pytest.raises(ValueError):
+        kernel.table([(1.0, 1, 0, table[:3], table)], val, split)  # a table shorter than this one
+    best = np.full((2, 5), np.inf)
+    code, prev = np.zeros((2, 5), dtype=np.int64), np.zeros((2, 5), dtype=np.int64)
+    with pytest.raises(ValueError):
+        kernel.relax(best, code, prev, 4, 2, 0, 0, 4, 0, 1.0, 0)  # no row 2
+    assert np.isinf(best).all()

@@ -1,4 +1,4 @@
-"""The compiled list scheduler (onnx_remat/ortsim/compiled/list_schedule.c, on the memory planner's
+"""The compiled list scheduler (onnx_remat/compiled/list_schedule.c, on the memory planner's
 numbering of the graph) walks every policy's order exactly as ListScheduler's Python walk does: on
 the example graphs, corpus graphs of both exporters, recompute rewrites, the synthetic graph, from
 another base order, and on random graphs (sizes unknown or zero, graph inputs, initializers and
@@ -16,9 +16,9 @@ from conftest import artifacts_dir
 from onnx import TensorProto, helper
 
 import onnx_remat
+from onnx_remat import compiled as native
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.analysis.sizes import TensorSizes
-from onnx_remat.ortsim import compiled as native
 from onnx_remat.ortsim.emulation import Emulation, emulate
 from onnx_remat.ortsim.graph import runtime_graph
 from onnx_remat.ortsim.planner import numbered
