@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
+from types import ModuleType
 
 import numpy as np
 
@@ -163,7 +164,7 @@ class ListScheduler:
         if self._compiled_walk() is None:
             self._python_walk_state()
 
-    def _compiled_walk(self):
+    def _compiled_walk(self) -> ModuleType | None:
         """The compiled walk (module), None where it is not built or is turned off."""
         return native.compiled(native.list_schedule_walk)
 
