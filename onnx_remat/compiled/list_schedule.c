@@ -102,7 +102,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(arg, &buf[got], flags) < 0) break;
     }
     int status = 2;
-    int64_t *ptr_buf = NULL, *allocates = NULL, *freed = NULL, *rd_ptr = NULL, *dep_ptr = NULL, *readers = NULL;
+    int64_t *ins_ptr = NULL, *allocates = NULL, *freed = NULL, *rd_ptr = NULL, *dep_ptr = NULL, *readers = NULL;
     int32_t *pos = NULL, *prod = NULL, *ins = NULL, *in_degree = NULL, *deps = NULL, *rd = NULL, *mark = NULL;
     uint8_t *done = NULL;
     Heap heap = {NULL, 0, 0};
@@ -129,7 +129,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     prod = (int32_t *)malloc((size_t)(T + 1) * sizeof(int32_t));
     mark = (int32_t *)calloc((size_t)(T + nodes + 1), sizeof(int32_t));
     readers = (int64_t *)calloc((size_t)(T + 1), sizeof(int64_t));
-    ptr_buf = (int64_t *)calloc((size_t)(n + 1), sizeof(int64_t));
+    ins_ptr = (int64_t *)calloc((size_t)(n + 1), sizeof(int64_t));
     allocates = (int64_t *)calloc((size_t)(n + 1), sizeof(int64_t));
     freed = (int64_t *)calloc((size_t)(n + 1), sizeof(int64_t));
     in_degree = (int32_t *)calloc((size_t)(n + 1), sizeof(int32_t));
@@ -140,7 +140,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     ins = (int32_t *)malloc((size_t)(n_in + 1) * sizeof(int32_t));
     deps = (int32_t *)malloc((size_t)(n_in + 1) * sizeof(int32_t));
     rd = (int32_t *)malloc((size_t)(n_in + 1) * sizeof(int32_t));
-    if (!pos || !prod || !mark || !readers || !ptr_buf || !allocates || !freed || !in_degree || !dep_ptr || !rd_ptr ||
+    if (!pos || !prod || !mark || !readers || !ins_ptr || !allocates || !freed || !in_degree || !dep_ptr || !rd_ptr ||
         !done || !ins || !deps || !rd) {
         PyErr_NoMemory();
         goto release;
@@ -170,7 +170,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     Py_ssize_t n_ins = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         int32_t i = base[k];
-        ptr_buf[k] = n_ins;
+        ins_ptr[k] = n_ins;
         for (int64_t s = in_ptr[i]; s < in_ptr[i + 1]; s++) {
             int32_t t = in_ids[s];
             if (t < 0) continue;
@@ -193,7 +193,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         }
         allocates[k] = bytes;
     }
-    ptr_buf[n] = n_ins;
+    ins_ptr[n] = n_ins;
     for (Py_ssize_t t = 0; t < T; t++) {
         if (size[t] > 0) {
             if (size[t] > INT64_MAX / 4 - total) goto release;
@@ -218,7 +218,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         memcpy(dep_fill, dep_ptr, (size_t)n * sizeof(int64_t));
         memcpy(rd_fill, rd_ptr, (size_t)T * sizeof(int64_t));
         for (Py_ssize_t k = 0; k < n; k++) {
-            for (int64_t s = ptr_buf[k]; s < ptr_buf[k + 1]; s++) {
+            for (int64_t s = ins_ptr[k]; s < ins_ptr[k + 1]; s++) {
                 int32_t t = ins[s];
                 rd[rd_fill[t]++] = (int32_t)k;
                 int32_t p = prod[t];
@@ -234,7 +234,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     /* freed[k]: bytes of the inputs node k is the last unrun reader of */
     for (Py_ssize_t k = 0; k < n; k++) {
         int64_t bytes = 0;
-        for (int64_t s = ptr_buf[k]; s < ptr_buf[k + 1]; s++) {
+        for (int64_t s = ins_ptr[k]; s < ins_ptr[k + 1]; s++) {
             int32_t t = ins[s];
             if (readers[t] == 1 && !kept[t] && size[t] > 0) bytes += size[t];
         }
@@ -258,7 +258,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         }
         done[k] = 1;
         out[emitted++] = base[k];
-        for (int64_t s = ptr_buf[k]; s < ptr_buf[k + 1]; s++) {
+        for (int64_t s = ins_ptr[k]; s < ins_ptr[k + 1]; s++) {
             int32_t t = ins[s];
             int64_t left = --readers[t];
             if (left == 1 && policy != 0) {
@@ -285,7 +285,7 @@ release:
     free(prod);
     free(mark);
     free(readers);
-    free(ptr_buf);
+    free(ins_ptr);
     free(allocates);
     free(freed);
     free(in_degree);

@@ -161,7 +161,9 @@ class ListScheduler:
         """Read what the walks read of the graph, once: its numbering for the compiled walk (which
         the memory plans of the graph share), else the Python walks' state. Called before forking the
         processes that walk for several policies, so that they share it."""
-        if self._compiled_walk() is None:
+        if self._compiled_walk() is not None:
+            self._compiled_inputs  # noqa: B018 (the graph numbered: shared with its memory plans)
+        else:
             self._python_walk_state()
 
     def _compiled_walk(self) -> ModuleType | None:
