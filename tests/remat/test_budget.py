@@ -363,3 +363,96 @@ def test_a_model_that_takes_the_unrewritten_graph_to_fit_learns_that_it_does_not
     assert max(v for v, _ in predict(planner.problem, nothing).values()) < base
     planner.learn(planner.realize(nothing), raise_only=True)
     assert max(v for v, _ in predict(planner.problem, nothing).values()) >= base
+
+
+def _scripted_rounds(monkeypatch, planner: BudgetPlanner, budget: int, peak_of: dict[str, int], pick):
+    """Run ``planner``'s rounds for ``budget`` with the model replaced by a script: ``pick(model_budget)``
+    names the solution the model gives, ``peak_of[name]`` its exact planned peak; a per-layer
+    reference that fits at a high cost is the fallback. Returns the result and the model budgets solved."""
+    from onnx_remat.remat.budget import PLANNER, Attempt, BudgetPlan
+    from onnx_remat.remat.solve import Choice, Solution
+
+    names = sorted(peak_of)
+    solved: list[int] = []
+
+    def solve(model_budget):
+        solved.append(model_budget)
+        name = pick(model_budget)
+        return Solution(
+            cost=1.0, choices=[Choice(names.index(name), names.index(name), option=0)], stored=0, budget=model_budget
+        )
+
+    def realize(sol, source=PLANNER):
+        name = names[sol.choices[0].first]
+        return BudgetPlan(PLANNER, None, None, None, float(names.index(name) + 1), 100.0, [name], solution=sol)
+
+    def peak(self):
+        return peak_of[self.choices[0]] if self.source == PLANNER else budget - 1
+
+    monkeypatch.setattr(planner, "_solve", solve)
+    monkeypatch.setattr(planner, "realize", realize)
+    monkeypatch.setattr(BudgetPlan, "peak", property(peak))
+    reference = BudgetPlan(PER_LAYER, None, None, None, 50.0, 100.0, [])
+    attempts: list[Attempt] = []
+    result = planner._plan_within(budget, 2 * budget, [reference], attempts, None)
+    return result, solved
+
+
+def test_a_plan_picked_again_after_a_near_miss_lowers_the_model_budget(monkeypatch, blocks10):
+    """The corrected model picks a plan it has checked already, which missed the budget by 2%: the
+    model budget is lowered by that miss and solved again, and the plan found there, which fits, is
+    chosen over the dearer reference."""
+    budget = 1_000_000
+    miss = 20_000
+    result, solved = _scripted_rounds(
+        monkeypatch, blocks10, budget, {"a": budget + miss, "b": budget - 10}, lambda mb: "a" if mb >= budget else "b"
+    )
+    assert solved == [budget, budget, budget - miss, budget - miss]
+    assert [(a.model_budget, a.peak, a.fits) for a in result.attempts] == [
+        (budget, budget + miss, False),
+        (budget - miss, budget - 10, True),
+    ]
+    assert result.chosen.choices == ["b"] and result.chosen.model_budget == budget - miss
+
+
+def test_a_plan_picked_again_after_a_wide_miss_ends_the_rounds(monkeypatch, blocks10):
+    """A plan that missed by more than NEAR_MISS of the budget says the model is too far off to be
+    steered by its aim (seen at 3,850 layers: 50% over): the rounds end, as before, at the reference."""
+    from onnx_remat.remat.budget import NEAR_MISS
+
+    budget = 1_000_000
+    over = int(budget * NEAR_MISS) + 1
+    result, solved = _scripted_rounds(
+        monkeypatch, blocks10, budget, {"a": budget + over, "b": budget - 10}, lambda mb: "a"
+    )
+    assert solved == [budget, budget]
+    assert [(a.peak, a.fits) for a in result.attempts] == [(budget + over, False)]
+    assert result.chosen.source == PER_LAYER
+
+
+def test_the_model_budget_is_lowered_within_the_rounds_cap(monkeypatch, blocks10):
+    """A model that keeps picking near misses however low it aims is checked at most MAX_ROUNDS
+    times, and solved at most twice as often."""
+    from onnx_remat.remat.budget import MAX_ROUNDS
+
+    budget = 1_000_000
+    peaks = {f"p{k}": budget + 1000 for k in range(20)}
+    result, solved = _scripted_rounds(monkeypatch, blocks10, budget, peaks, lambda mb: f"p{(budget - mb) // 2000}")
+    assert len(result.attempts) <= MAX_ROUNDS and len(solved) <= 2 * MAX_ROUNDS
+    assert result.chosen.source == PER_LAYER
+
+
+def test_on_a_long_chain_a_near_miss_steers_the_rounds_to_a_plan_cheaper_than_per_layer(tmp_path):
+    """On the 200-block synthetic chain at half its peak, every corrected plan missed the budget by
+    1-2.5% and the rounds ended at the per-layer reference; aimed lower by the miss, they find a plan
+    that fits at less compute."""
+    from benchmarks.synthetic import training_artifacts
+
+    planner = BudgetPlanner(analyze_model(training_artifacts(200, tmp_path / "chain")))
+    budget = parse_budget("50%", planner.baseline_peak)
+    result = planner.plan(budget)
+    per_layer = next(r for r in result.references if r.source == PER_LAYER)
+    assert result.chosen.source == "planner" and result.chosen.peak <= budget
+    assert result.chosen.cost < per_layer.cost
+    assert result.chosen.model_budget is not None and result.chosen.model_budget < budget
+    assert any(not a.fits for a in result.attempts)
