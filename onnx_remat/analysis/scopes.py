@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnx_remat.analysis.calls import Parameters, call_of_nodes
 from onnx_remat.analysis.regions import TrainingGraph
 from onnx_remat.errors import RematError
 
@@ -53,6 +54,12 @@ class Scope:
     class_name: str | None = None
     children: list[Scope] = field(default_factory=list)
     nodes: list[gs.Node] = field(default_factory=list)  # forward nodes directly in this scope
+
+    @property
+    def module_path(self) -> str:
+        """The module instance's path: :attr:`path` without the marks of its calls where the
+        instance ran more than once (``layers.0@2.attn`` -> ``layers.0.attn``: :func:`_split_calls`)."""
+        return _CALL_MARK.sub("", self.path)
 
     @property
     def short_class(self) -> str | None:
@@ -206,10 +213,10 @@ def _segment_regex(segment: str) -> str:
 
 def _literal_index(scopes: list[Scope]) -> dict[str, list[int]]:
     """Positions of the scopes each literal pattern matches (:func:`_matches` without wildcards:
-    the path, the short class name or the full class name equal to it), ascending."""
+    the path, the module path, the short class name or the full class name equal to it), ascending."""
     index: dict[str, list[int]] = {}
     for k, scope in enumerate(scopes):
-        names = {scope.path}
+        names = {scope.path, scope.module_path}
         if scope.class_name:
             names.update((scope.short_class or scope.class_name, scope.class_name))
         for name in names:
@@ -223,7 +230,8 @@ def _path_regex(pattern: str) -> re.Pattern[str]:
 
 
 def _matches(pattern: str, scope: Scope) -> bool:
-    if _path_regex(pattern).match(scope.path):
+    regex = _path_regex(pattern)
+    if regex.match(scope.path) or (scope.module_path != scope.path and regex.match(scope.module_path)):
         return True
     if scope.class_name:
         short = scope.short_class or scope.class_name
@@ -353,11 +361,78 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         scope.nodes.append(node)
         scope_of[id(node)] = scope
     _place_unscoped_nodes(tg, root, scope_of, unplaced)
+    _split_calls(tg, root, scope_of)
     root.class_name = root_class
     for scope in root.walk():
         scope.children.sort(key=lambda c: natural_key(c.path))
     source = " + ".join(sorted(sources)) if sources else "none"
     return ScopeTree(root, scope_of, source)
+
+
+# The mark of a call in a path (``layers.0@2``): a module path never has one (a Python attribute
+# name, a container index or a TorchScript scope name has no ``@``).
+_CALL_MARK = re.compile(r"@\d+(?=\.|\Z)")
+
+
+def _split_calls(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) -> None:
+    """Replace, in place, each scope the forward pass ran more than once by one scope per call
+    (:mod:`onnx_remat.analysis.calls`), top down: ``layers.0`` run three times becomes siblings
+    ``layers.0@1``, ``layers.0@2`` and ``layers.0@3`` (1 for the first call), each holding that
+    call's nodes and its own copies of the scopes below (``layers.0@2.attn``), which may be split
+    in turn. The calls are then what patterns select and what the budget planner's units are:
+    siblings of one class, a repeated layer. Nothing is done where no parameter is read twice."""
+    parameters = Parameters.of(tg.parameters, tg.is_forward)
+    if not parameters.read_twice():
+        return
+    position = tg.position
+    stack = list(root.children)  # (the root stands for the whole model: never split)
+    while stack:
+        scope = stack.pop()
+        nodes = sorted(scope.all_nodes(), key=lambda n: position[id(n)])
+        calls = call_of_nodes(nodes, parameters)
+        if calls is None:
+            stack.extend(scope.children)
+            continue
+        call_of = {id(n): c for n, c in zip(nodes, calls, strict=True)}
+        parent = scope.parent
+        assert parent is not None
+        split = _one_scope_per_call(scope, call_of, max(calls) + 1, scope_of)
+        at = parent.children.index(scope)
+        parent.children[at : at + 1] = split
+        stack.extend(split)  # a call may run a scope below it more than once in turn
+
+
+def _one_scope_per_call(scope: Scope, call_of: dict[int, int], calls: int, scope_of: dict[int, Scope]) -> list[Scope]:
+    """``scope`` as one copy per call (``call_of``: node id -> call), each holding the nodes of its
+    call and copies of the scopes below that hold any (``scope_of`` is updated): paths marked with
+    the call, 1-based (``layers.0@2``, ``layers.0@2.attn``). One pass over the nodes below."""
+    old = scope.path
+    tops = [Scope(path=f"{old}@{c + 1}", parent=scope.parent, class_name=scope.class_name) for c in range(calls)]
+    copies: dict[tuple[int, int], Scope] = {(id(scope), c): top for c, top in enumerate(tops)}
+
+    def copy_of(source: Scope, call: int) -> Scope:
+        # made on its first node of that call, with the copies above it that are missing
+        missing: list[Scope] = []
+        at = source
+        while (id(at), call) not in copies:
+            missing.append(at)
+            assert at.parent is not None
+            at = at.parent
+        above = copies[(id(at), call)]
+        for s in reversed(missing):
+            mark = f"{old}@{call + 1}"
+            path = mark + s.path[len(old) :] if s.path.startswith(old + ".") else f"{s.path}@{call + 1}"
+            above = Scope(path=path, parent=above, class_name=s.class_name)
+            above.parent.children.append(above)  # type: ignore[union-attr]
+            copies[(id(s), call)] = above
+        return above
+
+    for source in scope.walk():
+        for n in source.nodes:
+            home = copy_of(source, call_of[id(n)])
+            home.nodes.append(n)
+            scope_of[id(n)] = home
+    return tops
 
 
 def _common_scope(scopes: list[Scope]) -> Scope | None:

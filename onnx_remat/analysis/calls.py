@@ -1,0 +1,136 @@
+"""Analysis pass: the calls of a module instance that the forward pass runs more than once.
+
+A module instance called several times in one forward pass (ALBERT's one shared layer run for every
+layer, a recurrent cell run once per time step, a block applied in a loop) leaves one scope in the
+exported graph: both exporters name its nodes by the instance's path, the dynamo exporter without
+any mark of the call. Recomputed as that one scope, every call is recomputed at once, when the
+backward pass reaches the last call, and all their activations are alive together again.
+MindSpore's ``Cell.recompute()`` and Paddle's ``recompute`` work per call; so does onnx-remat, once
+the calls are told apart here (:func:`onnx_remat.analysis.scopes.resolve_scopes` makes one scope per
+call). How much that lowers the peak is limited by where onnxruntime computes the shared weights'
+gradients: at the end of the backward pass, which keeps every call's inputs to them alive until
+then (README, Known limits: ALBERT-base, 12 calls of one layer, 7% lower per call).
+
+Input: a scope's forward nodes in topological order and the graph's trainable parameters. Output:
+each node's call, or None where the scope was called once or its calls cannot be told apart.
+
+The calls are told apart by the parameters: a call reads each of the instance's parameters once,
+so a scope whose every parameter is read by exactly ``k >= 2`` of its nodes was called ``k`` times,
+and the ``j``-th reader of a parameter (in topological order) belongs to call ``j``. Every other
+node belongs to the latest call among its producers inside the scope (the first call where it
+has none): a node that only reshapes a call's input goes with the call before it, whose output it
+reads, which keeps each call's output in the call that makes it. That is a partition in which data
+only flows from a call to itself or a later one; where a reader of a parameter would come before
+one of its producers' calls, or reads two parameters as two different calls, the split is not
+made. What nodes compute from parameters alone counts as a parameter (a weight's transpose that
+the dynamo exporter's optimizer made once for every call), and those nodes go with the first call.
+Frozen parameters and buffers are not counted (they have no gradient).
+
+The split never changes what is computed: a call is a set of nodes to recompute like any scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+
+@dataclass(frozen=True)
+class Parameters:
+    """The graph's parameters as a call reads them: ``tensors``, the ids of its trainable parameters
+    and of what nodes compute from those alone (a weight's transpose, shared by every call where the
+    exporter made it once: the dynamo exporter's optimizer does); ``derived``, the ids of those
+    nodes, which read parameters without being part of any one call; ``readers``, by parameter id,
+    how many other nodes of the forward pass read it."""
+
+    tensors: frozenset[int]
+    derived: frozenset[int]
+    readers: dict[int, int]
+
+    @classmethod
+    def of(cls, parameters: Sequence[gs.Tensor], is_forward: Callable[[gs.Node], bool]) -> Parameters:
+        """From the trainable parameters, following their readers in the forward pass (``is_forward``)
+        alone: linear in the parameters and what reads them, not in the graph."""
+        tensors = {id(t) for t in parameters}
+        derived: set[int] = set()
+        readers: dict[int, int] = {}
+        work = list(parameters)
+        while work:
+            t = work.pop()
+            for n in t.outputs:
+                if id(n) in derived or not is_forward(n):
+                    continue
+                inputs = [x for x in n.inputs if x.name]
+                if all(id(x) in tensors or isinstance(x, gs.Constant) for x in inputs):
+                    derived.add(id(n))  # (a node read again when another of its inputs turns out derived)
+                    for o in n.outputs:
+                        tensors.add(id(o))
+                        work.append(o)
+        for t_id in tensors:
+            readers[t_id] = 0
+        # counted once the derived nodes are known: a derived node is no reader
+        seen: set[int] = set()
+        work = list(parameters)
+        while work:
+            t = work.pop()
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            for n in {id(n): n for n in t.outputs}.values():
+                if not is_forward(n):
+                    continue
+                if id(n) in derived:
+                    work.extend(n.outputs)
+                else:
+                    readers[id(t)] += 1
+        return cls(frozenset(tensors), frozenset(derived), readers)
+
+    def read_by(self, node: gs.Node) -> set[int]:
+        """The ids of the parameters ``node`` reads as part of a call (none for a derived node)."""
+        if id(node) in self.derived:
+            return set()
+        return {id(t) for t in node.inputs if id(t) in self.tensors}
+
+    def read_twice(self) -> bool:
+        """Whether some parameter is read by two or more nodes of the forward pass: only then can a
+        scope have been called more than once (a cheap test before any scope is split)."""
+        return any(count > 1 for count in self.readers.values())
+
+
+def call_of_nodes(nodes: Sequence[gs.Node], parameters: Parameters) -> list[int] | None:
+    """Each of ``nodes``' call (0, 1, ...; the module docstring), in the order given, or None when
+    the scope they make up was called once or its calls cannot be told apart. ``nodes``: a scope's
+    forward nodes in topological order."""
+    index = {id(n): i for i, n in enumerate(nodes)}
+    readers: dict[int, list[int]] = {}  # parameter id -> the positions of the nodes reading it
+    for i, n in enumerate(nodes):
+        for p in parameters.read_by(n):
+            readers.setdefault(p, []).append(i)
+    counts = {len(r) for r in readers.values()}
+    if len(counts) != 1:  # no parameter, or some read more often than others: not told apart
+        return None
+    calls = counts.pop()
+    if calls < 2:
+        return None
+    anchor: dict[int, int] = {}  # position -> the call its parameter reads put it in
+    for positions in readers.values():
+        for call, i in enumerate(positions):
+            if anchor.setdefault(i, call) != call:
+                return None
+    call_of = [0] * len(nodes)
+    for i, n in enumerate(nodes):
+        latest = 0
+        for t in n.inputs:
+            if t.inputs:
+                j = index.get(id(t.inputs[0]))
+                if j is not None and call_of[j] > latest:
+                    latest = call_of[j]
+        own = anchor.get(i)
+        if own is not None:
+            if latest > own:
+                return None
+            latest = own
+        call_of[i] = latest
+    return call_of

@@ -1,0 +1,124 @@
+"""A module instance the forward pass runs more than once: one scope per call (onnx_remat.analysis.calls)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+from conftest import artifacts_dir
+
+import onnx_remat
+from onnx_remat.analysis.model import analyze_model
+from onnx_remat.analysis.scopes import Scope, _matches
+from onnx_remat.runtime.compare import compare
+from tests.regressions import make_artifacts
+
+CALLS = 3
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+class SharedLayer(nn.Module):
+    """ALBERT's pattern: one layer instance run CALLS times, between a stem and a head of their own."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Linear(width, width)
+        self.layer = Layer(width)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for _ in range(CALLS):
+            x = self.layer(x)
+        return self.head(x)
+
+
+@pytest.fixture(scope="module", params=["torchscript", "dynamo"])
+def shared(request, tmp_path_factory):
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp(f"shared_{request.param}")
+    return make_artifacts(
+        SharedLayer(),
+        torch.randn(8, 16),
+        out / "model",
+        exporter=request.param,
+        opset=17 if request.param == "torchscript" else 18,
+    )
+
+
+def test_each_call_is_a_scope_of_its_own(shared):
+    tree = analyze_model(shared).scopes
+    calls = [s for s in tree.scopes() if s.module_path == "layer"]
+    assert [s.path for s in calls] == [f"layer@{k}" for k in range(1, CALLS + 1)]
+    # every call holds its own nodes, and the scopes below it are split with it
+    assert len({id(n) for s in calls for n in s.all_nodes()}) == sum(len(s.all_nodes()) for s in calls)
+    # (TorchScript names a repeated call's children and direct ops with a suffix: layer@2.up_1, and
+    # a scope layer_1 of its own for the residual Add; the dynamo exporter does not)
+    assert all(any(c.path.startswith(f"{s.path}.up") for c in s.children) for s in calls)
+    # the calls after the first hold the same ops (the first may hold what every call reads of the
+    # weights: a transpose made once)
+    ops = [sorted(n.op for n in s.all_nodes()) for s in calls]
+    assert ops[1] == ops[2]
+    # the stem and the head, called once, are not split
+    assert {"stem", "head"} <= {s.path for s in tree.scopes()}
+    assert not any("@" in s.path for s in tree.scopes() if s.module_path in ("stem", "head"))
+    # a node's scope is its call's
+    assert all(
+        tree.scope_of(n) is not None and tree.scope_of(n).path.startswith("layer@")
+        for s in calls
+        for n in s.all_nodes()
+    )
+
+
+def test_a_pattern_selects_every_call_or_one(shared):
+    tree = analyze_model(shared).scopes
+    assert [s.path for s in tree.match(["layer"]).scopes] == ["layer@1", "layer@2", "layer@3"]
+    ups = [s.path for s in tree.match(["layer.up*"]).scopes]
+    assert len(ups) == CALLS and ups[0] == "layer@1.up"
+    assert [s.path for s in tree.match(["layer@2"]).scopes] == ["layer@2"]
+    assert [s.path for s in tree.match(["layer@*"]).scopes] == ["layer@1", "layer@2", "layer@3"]
+
+
+def test_each_call_is_recomputed_on_its_own_and_exactly(shared, tmp_path):
+    result = onnx_remat.apply(shared, scopes="layer", check_peak=False)
+    assert [s.label for s in result.rewrite.segments] == ["layer@1", "layer@2", "layer@3"]
+    out = result.save(tmp_path / "remat")
+    c = compare(shared, out, steps=1, warmup=1, live=False)
+    assert c.equal, (c.mismatched[:5], c.equality_run)
+
+
+@pytest.mark.parametrize(
+    "pattern, path, hit",
+    [
+        ("layer", "layer@2", True),
+        ("layer@2", "layer@2", True),
+        ("layer@2", "layer@3", False),
+        ("layer.*", "layer@2.up", True),
+        ("layer@*.up", "layer@2.up", True),
+        ("enc.layer", "enc.layer@10.up", False),
+    ],
+)
+def test_calls_match_by_module_path(pattern, path, hit):
+    assert _matches(pattern, Scope(path=path)) is hit
+
+
+def test_module_path_drops_the_marks_of_calls():
+    assert Scope(path="enc.layer@2.attn@1").module_path == "enc.layer.attn"
+    assert Scope(path="blocks.0").module_path == "blocks.0"
+
+
+def test_graphs_without_a_parameter_read_twice_keep_their_scopes():
+    tree = analyze_model(artifacts_dir("blocks10")).scopes
+    assert not any("@" in s.path for s in tree.scopes())
