@@ -235,7 +235,8 @@ def _scope_lookup(scope_of_tensor: dict[str, str], tensor: str) -> str | None:
 # Every name that makes a node "recompute" or an accumulation contains this (tags' clone suffix,
 # barrier, unpack and accumulate prefixes): regions_of skips the tag tests on other names.
 _OURS = "remat"
-assert all(_OURS in m for m in (tags.CLONE_SUFFIX, tags.BARRIER_PREFIX, tags.UNPACK_PREFIX, tags.ACCUMULATE_PREFIX))
+_MARKS = (tags.CLONE_SUFFIX, tags.BARRIER_PREFIX, tags.UNPACK_PREFIX, tags.ACCUMULATE_PREFIX, tags.PARTIAL_GATE_PREFIX)
+assert all(_OURS in m for m in _MARKS)
 
 
 def regions_of(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) -> dict[str, str]:
@@ -249,8 +250,10 @@ def regions_of(analysis: ModelAnalysis, model: onnx.ModelProto | None = None) ->
                 continue
             if tags.is_recompute_name(name):
                 out[name] = RECOMPUTE
-            elif tags.is_accumulate_name(name):
-                out[name] = BACKWARD  # a partial gradient accumulated in place (scheduling/accumulate.py)
+            elif tags.is_accumulate_name(name) or tags.is_partial_gate_name(name):
+                # a partial gradient accumulated in place (scheduling/accumulate.py), or a gate
+                # waiting for partials (scheduling/partials.py)
+                out[name] = BACKWARD
     own = cast("dict[str, str] | None", analysis.memo.get("regions_of"))
     if own is None:  # the analysed graph's own nodes: walked once per analysis
         tg = analysis.graph

@@ -207,6 +207,36 @@ class ConvBranchNet(nn.Module):
         return x
 
 
+CALLS = 3
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x):
+        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+class SharedLayer(nn.Module):
+    """ALBERT's pattern: one layer instance run CALLS times, between a stem and a head of their own."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.stem = nn.Linear(width, width)
+        self.layer = Layer(width)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for _ in range(CALLS):
+            x = self.layer(x)
+        return self.head(x)
+
+
 def make_artifacts(
     module: nn.Module, x: torch.Tensor, out: Path, *, exporter: str = "torchscript", opset: int = 17, loss: str = "mean"
 ) -> Path:

@@ -7,9 +7,10 @@ any mark of the call. Recomputed as that one scope, every call is recomputed at 
 backward pass reaches the last call, and all their activations are alive together again.
 MindSpore's ``Cell.recompute()`` and Paddle's ``recompute`` work per call; so does onnx-remat, once
 the calls are told apart here (:func:`onnx_remat.analysis.scopes.resolve_scopes` makes one scope per
-call). How much that lowers the peak is limited by where onnxruntime computes the shared weights'
-gradients: at the end of the backward pass, which keeps every call's inputs to them alive until
-then (README, Known limits: ALBERT-base, 12 calls of one layer, 7% lower per call).
+call). How much that lowers the peak depends on when each call's weight gradients are made:
+onnxruntime makes them at the end of the backward pass, which keeps every call's inputs to them
+alive until then, unless the memory schedule makes them early (:mod:`onnx_remat.scheduling.partials`;
+ALBERT-base, 12 calls of one layer: 7% lower per call without it, 31% with it).
 
 Input: a scope's forward nodes in topological order and the graph's trainable parameters. Output:
 each node's call, or None where the scope was called once or its calls cannot be told apart.

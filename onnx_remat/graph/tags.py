@@ -5,7 +5,9 @@ Every node the recompute rewrite adds carries:
 * a name: clones are ``<original node name>/remat``, barriers ``remat_barrier/<segment>``,
   fusion fences ``remat_fence/<tensor>``, random-order pins ``remat_order/<random node>``,
   gradient accumulation steps ``remat_accumulate/<parameter>/<k>`` (and their anchors
-  ``.../anchor``, see :mod:`onnx_remat.scheduling.accumulate`); their
+  ``.../anchor``, see :mod:`onnx_remat.scheduling.accumulate`), the gates through which a gradient's
+  readers wait for shared weights' partial gradients ``remat_partial/<gradient>``
+  (:mod:`onnx_remat.scheduling.partials`; output ``<gradient>/remat_partial``); their
   output tensors are ``<original tensor>/remat``, ``<gated tensor>/remat_gate/<segment>``,
   ``<tensor>/remat_fence`` and ``<tensor>/remat_order/<random node>``. The nodes that pack a
   dropout mask to bits in the forward pass are ``remat_pack/<Dropout node>/<step>`` (the packed
@@ -15,7 +17,7 @@ Every node the recompute rewrite adds carries:
   A node cloned again for another segment (the stages of ``--recompute-outputs``) gets
   ``<original>@<k>/remat`` for its k-th copy;
 * ``metadata_props``: ``onnx_remat.role`` (``clone``, ``barrier``, ``fence``, ``pin``,
-  ``accumulate``, ``pack``, ``unpack``, or ``redraw`` on a gradient node the rewrite changed in
+  ``accumulate``, ``partial_gate``, ``pack``, ``unpack``, or ``redraw`` on a gradient node the rewrite changed in
   place, see :mod:`onnx_remat.remat.random_ops`), ``onnx_remat.segment`` (the segment label), and for clones
   ``onnx_remat.source`` (the original node's name);
 * a ``doc_string`` saying in words what it recomputes.
@@ -45,6 +47,7 @@ ROLE_ACCUMULATE = "accumulate"
 ROLE_PACK = "pack"
 ROLE_UNPACK = "unpack"
 ROLE_REDRAW = "redraw"  # a DropoutGrad turned into a seeded Dropout (dropout="seed"); keeps its name
+ROLE_PARTIAL_GATE = "partial_gate"  # readers of a gradient wait for a shared weight's partial (scheduling/partials.py)
 ROLE_WORKAROUND = "workaround"  # a kernel's node in a form onnxruntime computes correctly (graph/kernel_workarounds.py)
 
 CLONE_SUFFIX = "/remat"
@@ -56,6 +59,8 @@ PIN_PREFIX = "remat_order/"
 PIN_INFIX = "/remat_order/"
 ACCUMULATE_PREFIX = "remat_accumulate/"
 ACCUMULATE_INFIX = "/remat_accumulate/"
+PARTIAL_GATE_PREFIX = "remat_partial/"
+PARTIAL_GATE_INFIX = "/remat_partial"
 PACK_PREFIX = "remat_pack/"
 UNPACK_PREFIX = "remat_unpack/"
 
@@ -138,6 +143,22 @@ def is_accumulate_name(name: str) -> bool:
     return name.startswith(ACCUMULATE_PREFIX)
 
 
+def partial_gate_name(tensor: str) -> str:
+    """Name of the PassThrough through which the other readers of gradient ``tensor`` wait for the
+    partial gradients of shared weights made from it (:mod:`onnx_remat.scheduling.partials`)."""
+    return PARTIAL_GATE_PREFIX + tensor
+
+
+def partial_gate_tensor_name(tensor: str) -> str:
+    """Name of that PassThrough's output that passes ``tensor`` on."""
+    return tensor + PARTIAL_GATE_INFIX
+
+
+def is_partial_gate_name(name: str) -> bool:
+    """True for a node name given by :func:`partial_gate_name`."""
+    return name.startswith(PARTIAL_GATE_PREFIX)
+
+
 def pack_name(node: str) -> str:
     """Prefix of the names of the nodes packing the mask of Dropout ``node``."""
     return PACK_PREFIX + node
@@ -185,6 +206,7 @@ def is_added_name(name: str) -> bool:
         or is_barrier_name(name)
         or is_fence_name(name)
         or is_pin_name(name)
+        or is_partial_gate_name(name)
         or is_pack_name(name)
         or is_unpack_name(name)
     )

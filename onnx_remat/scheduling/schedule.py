@@ -18,6 +18,8 @@ with onnxruntime's own order as the model of what the node list can make it do:
 1. emulate what onnxruntime runs (:mod:`onnx_remat.ortsim`: its graph rewrites, its DEFAULT
    order, its allocation planner and memory pattern): the input's planned peak;
 2. optionally rewrite the parameter gradient sums (``grad_accumulation``), and emulate that too;
+   where a shared weight's gradient is a sum of partials, also the graph that makes each partial
+   as soon as its call's gradient exists (:mod:`~onnx_remat.scheduling.partials`);
 3. for each graph, let each list scheduler of :mod:`~onnx_remat.scheduling.orders` propose an
    order, and predict what onnxruntime runs when the graph's leaves (gradient accumulators, the
    loss) are placed in that order's rank at the end of the node list (all a node list can say
@@ -64,7 +66,9 @@ from onnx_remat.ortsim.planner import MemoryPlan, plan_memory, prepare_plans
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
+from onnx_remat.scheduling.partials import PARTIALS_EARLY, gate_partials
 from onnx_remat.scheduling.realize import LeafPlacer
+from onnx_remat.units import plural
 
 if TYPE_CHECKING:
     from onnx_remat.analysis.model import ModelAnalysis, ModelLike
@@ -91,14 +95,18 @@ Prediction = tuple[list[int], MemoryPlan | PredictedPeak]
 class Candidate:
     """One order tried: the graph it orders, the policy, and its planned peaks."""
 
-    graph: str  # "as given" or the gradient accumulation mode the graph was rewritten in
+    graph: str  # "as given", the gradient accumulation mode the graph was rewritten in, or PARTIALS_EARLY
     policy: str  # "as written" (the node list unchanged) or a list scheduler policy
     predicted_peak_bytes: int
     planned_peak_bytes: int | None = None  # of the written graph, emulated again (best few only)
 
     @property
     def label(self) -> str:
-        return self.policy if self.graph == "as given" else f"{self.policy}, {self.graph} accumulation"
+        if self.graph == "as given":
+            return self.policy
+        if self.graph == PARTIALS_EARLY:
+            return f"{self.policy}, shared weights' partial gradients made early"
+        return f"{self.policy}, {self.graph} accumulation"
 
     def to_json(self) -> dict:
         return {
@@ -120,6 +128,9 @@ class ScheduleResult:
     candidates: list[Candidate]
     accumulated: list[AccumulatedGradient] = field(default_factory=list)
     accumulation_skipped: list[tuple[str, str]] = field(default_factory=list)
+    # shared weights' partial gradients made early (scheduling/partials.py): partial -> the
+    # gradient tensors whose other readers wait for it (empty unless that graph was chosen)
+    partials_early: dict[str, list[str]] = field(default_factory=dict)
     pins: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # of ``model``: what onnxruntime runs (None in an apply result: apply lets it go once estimated)
@@ -141,6 +152,7 @@ class ScheduleResult:
             "candidates": [c.to_json() for c in self.candidates],
             "accumulated": [a.to_json() for a in self.accumulated],
             "accumulation_skipped": [{"parameter": p, "reason": r} for p, r in self.accumulation_skipped],
+            "partials_early": self.partials_early,
             "random_order_pins": self.pins,
             "notes": self.notes,
         }
@@ -227,6 +239,12 @@ class MemorySchedule:
                 acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
                 accumulated = emulate(accumulation.model, acc_sizes)
                 candidates += self._candidates(self.grad_accumulation, accumulated, given, verifying, placers)
+            # Shared weights' partial gradients made as soon as their call's gradient exists: one more
+            # graph, only where a weight's gradient is a sum of partials (scheduling/partials.py).
+            gating = gate_partials(given.model)
+            if gating is not None:
+                gated = emulate(gating.model, TensorSizes(gating.model, given.sizes.dims))
+                candidates += self._candidates(PARTIALS_EARLY, gated, given, verifying, placers)
             candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
             # Only predictions below the input's peak are worth writing (a handful at most).
             promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
@@ -260,8 +278,15 @@ class MemorySchedule:
         checks.keep_only(best_checking)
         result.pins = given_pins + best[2]
         result.planned_peak_after = best[1].planned_peak_bytes
-        if best[0].graph == "as given":
+        if best[0].graph != self.grad_accumulation:
             result.accumulated = []
+        if best[0].graph == PARTIALS_EARLY:
+            assert gating is not None
+            result.partials_early = gating.gated
+            result.notes.append(
+                f"{plural(len(gating.gated), 'partial gradient')} of shared weights made as soon as their "
+                f"call's gradient exists ({plural(gating.gates, 'gate')}; bit-identical: the sums keep their order)"
+            )
         return result
 
     def _candidates(

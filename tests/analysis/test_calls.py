@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-nn = torch.nn
 
 from conftest import artifacts_dir
 
@@ -13,36 +12,7 @@ import onnx_remat
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.analysis.scopes import Scope, _matches
 from onnx_remat.runtime.compare import compare
-from tests.regressions import make_artifacts
-
-CALLS = 3
-
-
-class Layer(nn.Module):
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(width, 2 * width)
-        self.down = nn.Linear(2 * width, width)
-        self.norm = nn.LayerNorm(width)
-
-    def forward(self, x):
-        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
-
-
-class SharedLayer(nn.Module):
-    """ALBERT's pattern: one layer instance run CALLS times, between a stem and a head of their own."""
-
-    def __init__(self, width: int = 16) -> None:
-        super().__init__()
-        self.stem = nn.Linear(width, width)
-        self.layer = Layer(width)
-        self.head = nn.Linear(width, 4)
-
-    def forward(self, x):
-        x = self.stem(x)
-        for _ in range(CALLS):
-            x = self.layer(x)
-        return self.head(x)
+from tests.regressions import CALLS, SharedLayer, make_artifacts
 
 
 @pytest.fixture(scope="module", params=["torchscript", "dynamo"])
