@@ -237,6 +237,32 @@ class SharedLayer(nn.Module):
         return self.head(x)
 
 
+class Recurrent(nn.Module):
+    """A cell run once per time step (``STEPS``) from a hidden state of zeros, between an input
+    projection and a head: ``cell`` is ``"lstm"`` or ``"gru"``."""
+
+    def __init__(self, cell: str, width: int = 16) -> None:
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.cell = nn.LSTMCell(width, width) if cell == "lstm" else nn.GRUCell(width, width)
+        self.head = nn.Linear(width, 4)
+        self.width = width
+
+    def forward(self, x):
+        x = self.inp(x)
+        h = torch.zeros(x.shape[0], self.width)
+        c = torch.zeros(x.shape[0], self.width)
+        for t in range(STEPS):
+            if isinstance(self.cell, nn.LSTMCell):
+                h, c = self.cell(x[:, t], (h, c))
+            else:
+                h = self.cell(x[:, t], h)
+        return self.head(h)
+
+
+STEPS = 4
+
+
 def make_artifacts(
     module: nn.Module, x: torch.Tensor, out: Path, *, exporter: str = "torchscript", opset: int = 17, loss: str = "mean"
 ) -> Path:

@@ -16,16 +16,25 @@ Input: a scope's forward nodes in topological order and the graph's trainable pa
 each node's call, or None where the scope was called once or its calls cannot be told apart.
 
 The calls are told apart by the parameters: a call reads each of the instance's parameters once,
-so a scope whose every parameter is read by exactly ``k >= 2`` of its nodes was called ``k`` times,
-and the ``j``-th reader of a parameter (in topological order) belongs to call ``j``. Every other
-node belongs to the latest call among its producers inside the scope (the first call where it
-has none): a node that only reshapes a call's input goes with the call before it, whose output it
-reads, which keeps each call's output in the call that makes it. That is a partition in which data
-only flows from a call to itself or a later one; where a reader of a parameter would come before
-one of its producers' calls, or reads two parameters as two different calls, the split is not
-made. What nodes compute from parameters alone counts as a parameter (a weight's transpose that
-the dynamo exporter's optimizer made once for every call), and those nodes go with the first call.
-Frozen parameters and buffers are not counted (they have no gradient).
+so a scope whose parameters are read by at most ``k >= 2`` of its nodes each was called ``k``
+times, and the ``j``-th reader of a parameter read ``k`` times (in topological order) belongs to
+call ``j``. At least half of the instance's own parameters must be read ``k`` times: the others
+have had a read folded away by the exporter (an LSTM cell's first call, on a hidden state of
+zeros, reads its hidden weights in a product of constants). What nodes compute from parameters
+alone counts as a parameter (a weight's transpose that the dynamo exporter's optimizer made once
+for every call), and those nodes go with the first call. Frozen parameters and buffers are not
+counted (they have no gradient).
+
+Every other node belongs to the latest call among its producers inside the scope (the first call
+where it has none): a node that only reshapes a call's input goes with the call before it, whose
+output it reads, which keeps each call's output in the call that makes it; but one that reads a
+parameter goes with the call that reads its output (the hidden-state product of the next step).
+That is a partition in which data only flows from a call to itself or a later one. The split is
+not made where a reader of a parameter would come before one of its producers' calls, where a
+node reads two parameters as two different calls, or where one call holds more than twice the
+nodes of another: calls of one module are alike, and the readers of a parameter need not come in
+the order of their calls where no path runs between them (a GRU cell's input products, all made
+before the recurrence starts), and then that order is not known.
 
 The split never changes what is computed: a call is a set of nodes to recompute like any scope.
 """
@@ -49,6 +58,7 @@ class Parameters:
     tensors: frozenset[int]
     derived: frozenset[int]
     readers: dict[int, int]
+    raw: frozenset[int]  # the trainable parameters themselves
 
     @classmethod
     def of(cls, parameters: Sequence[gs.Tensor], is_forward: Callable[[gs.Node], bool]) -> Parameters:
@@ -86,7 +96,7 @@ class Parameters:
                     work.extend(n.outputs)
                 else:
                     readers[id(t)] += 1
-        return cls(frozenset(tensors), frozenset(derived), readers)
+        return cls(frozenset(tensors), frozenset(derived), readers, frozenset(id(t) for t in parameters))
 
     def read_by(self, node: gs.Node) -> set[int]:
         """The ids of the parameters ``node`` reads as part of a call (none for a derived node)."""
@@ -105,18 +115,22 @@ def call_of_nodes(nodes: Sequence[gs.Node], parameters: Parameters) -> list[int]
     the scope they make up was called once or its calls cannot be told apart. ``nodes``: a scope's
     forward nodes in topological order."""
     index = {id(n): i for i, n in enumerate(nodes)}
+    reads = [parameters.read_by(n) for n in nodes]
     readers: dict[int, list[int]] = {}  # parameter id -> the positions of the nodes reading it
-    for i, n in enumerate(nodes):
-        for p in parameters.read_by(n):
+    for i, read in enumerate(reads):
+        for p in read:
             readers.setdefault(p, []).append(i)
-    counts = {len(r) for r in readers.values()}
-    if len(counts) != 1:  # no parameter, or some read more often than others: not told apart
+    if not readers:
         return None
-    calls = counts.pop()
-    if calls < 2:
-        return None
+    calls = max(len(r) for r in readers.values())
+    own = [p for p in readers if p in parameters.raw]  # the instance's own parameters, read here
+    counted = [p for p in own if len(readers[p]) == calls]
+    if calls < 2 or 2 * len(counted) < len(own):
+        return None  # read once, or the most read parameters are not the instance's own
     anchor: dict[int, int] = {}  # position -> the call its parameter reads put it in
     for positions in readers.values():
+        if len(positions) != calls:
+            continue  # a read folded away in some call (a call on a constant input): no anchor
         for call, i in enumerate(positions):
             if anchor.setdefault(i, call) != call:
                 return None
@@ -128,10 +142,26 @@ def call_of_nodes(nodes: Sequence[gs.Node], parameters: Parameters) -> list[int]
                 j = index.get(id(t.inputs[0]))
                 if j is not None and call_of[j] > latest:
                     latest = call_of[j]
-        own = anchor.get(i)
-        if own is not None:
-            if latest > own:
+        fixed = anchor.get(i)
+        if fixed is not None:
+            if latest > fixed:
                 return None
-            latest = own
+            latest = fixed
         call_of[i] = latest
+    # A node that reads a parameter and is no anchor (its parameter's reads were folded away in some
+    # call) goes with the call that reads its output, not with the call before whose output it reads.
+    for i in range(len(nodes) - 1, -1, -1):
+        if not reads[i] or i in anchor:
+            continue
+        later = [call_of[j] for t in nodes[i].outputs for c in t.outputs if (j := index.get(id(c))) is not None]
+        if later:
+            call_of[i] = max(call_of[i], min(later))
+    # Calls of one module are alike: where one holds more than twice the nodes of another, the reads
+    # were matched to calls in the wrong order (readers with no path between them, such as a GRU's
+    # input products, need not come in call order), and the split is not made.
+    sizes = [0] * calls
+    for c in call_of:
+        sizes[c] += 1
+    if max(sizes) > 2 * min(sizes):
+        return None
     return call_of

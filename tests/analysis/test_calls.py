@@ -12,7 +12,7 @@ import onnx_remat
 from onnx_remat.analysis.model import analyze_model
 from onnx_remat.analysis.scopes import Scope, _matches
 from onnx_remat.runtime.compare import compare
-from tests.regressions import CALLS, SharedLayer, make_artifacts
+from tests.regressions import CALLS, STEPS, Recurrent, SharedLayer, make_artifacts
 
 
 @pytest.fixture(scope="module", params=["torchscript", "dynamo"])
@@ -92,3 +92,26 @@ def test_module_path_drops_the_marks_of_calls():
 def test_graphs_without_a_parameter_read_twice_keep_their_scopes():
     tree = analyze_model(artifacts_dir("blocks10")).scopes
     assert not any("@" in s.path for s in tree.scopes())
+
+
+def test_a_cell_run_per_time_step_is_a_call_per_step(tmp_path):
+    """An LSTM cell run from a hidden state of zeros: the exporter folds the first step's hidden
+    product into constants (the hidden weights are read one time fewer), and each step is still a
+    call of its own, recomputed exactly."""
+    torch.manual_seed(0)
+    src = make_artifacts(Recurrent("lstm"), torch.randn(8, STEPS, 16), tmp_path / "lstm", exporter="dynamo", opset=18)
+    tree = analyze_model(src).scopes
+    assert [s.path for s in tree.match(["cell"]).scopes] == [f"cell@{k}" for k in range(1, STEPS + 1)]
+    result = onnx_remat.apply(src, scopes="cell", check_peak=False)
+    assert len(result.rewrite.segments) == STEPS
+    c = compare(src, result.save(tmp_path / "remat"), steps=1, warmup=1, live=False)
+    assert c.equal, (c.mismatched[:5], c.equality_run)
+
+
+def test_calls_whose_order_is_unknown_are_not_split(tmp_path):
+    """A GRU cell's input products are all made before the recurrence, in no order a path fixes:
+    matched to calls by position they would give one call most of the nodes, so the scope stays whole."""
+    torch.manual_seed(0)
+    src = make_artifacts(Recurrent("gru"), torch.randn(8, STEPS, 16), tmp_path / "gru", exporter="dynamo", opset=18)
+    tree = analyze_model(src).scopes
+    assert [s.path for s in tree.match(["cell"]).scopes] == ["cell"]
