@@ -18,9 +18,11 @@ each node's call, or None where the scope was called once or its calls cannot be
 The calls are told apart by the parameters: a call reads each of the instance's parameters once,
 so a scope whose parameters are read by at most ``k >= 2`` of its nodes each was called ``k``
 times, and the ``j``-th reader of a parameter read ``k`` times (in topological order) belongs to
-call ``j``. At least half of the instance's own parameters must be read ``k`` times: the others
-have had a read folded away by the exporter (an LSTM cell's first call, on a hidden state of
-zeros, reads its hidden weights in a product of constants). What nodes compute from parameters
+call ``j``. Each of the instance's own parameters must be read ``k`` times, or, where ``k > 2``,
+``k - 1`` times by at most half of them: those have had a read folded away by the exporter (an
+LSTM cell's first call, on a hidden state of zeros, reads its hidden weights in a product of
+constants). A scope holding a repeated layer and parameters of its own (a model around ALBERT's
+shared layer: its embeddings are read once) is not split, its layer is. What nodes compute from parameters
 alone counts as a parameter (a weight's transpose that the dynamo exporter's optimizer made once
 for every call), and those nodes go with the first call. Frozen parameters and buffers are not
 counted (they have no gradient).
@@ -123,10 +125,10 @@ def call_of_nodes(nodes: Sequence[gs.Node], parameters: Parameters) -> list[int]
     if not readers:
         return None
     calls = max(len(r) for r in readers.values())
-    own = [p for p in readers if p in parameters.raw]  # the instance's own parameters, read here
-    counted = [p for p in own if len(readers[p]) == calls]
-    if calls < 2 or 2 * len(counted) < len(own):
-        return None  # read once, or the most read parameters are not the instance's own
+    own = [len(readers[p]) for p in readers if p in parameters.raw]  # the instance's own parameters' reads
+    folded = calls - 1 if calls > 2 else calls  # a read folded away in one call (never where 2 calls tell it)
+    if calls < 2 or any(k not in (calls, folded) for k in own) or 2 * own.count(calls) < len(own):
+        return None  # read once, or not every parameter of it read by each call
     anchor: dict[int, int] = {}  # position -> the call its parameter reads put it in
     for positions in readers.values():
         if len(positions) != calls:

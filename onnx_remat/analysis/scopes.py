@@ -362,6 +362,7 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         scope_of[id(node)] = scope
     _place_unscoped_nodes(tg, root, scope_of, unplaced)
     _split_calls(tg, root, scope_of)
+    _numbered_calls(tg, root, scope_of)
     root.class_name = root_class
     for scope in root.walk():
         scope.children.sort(key=lambda c: natural_key(c.path))
@@ -433,6 +434,78 @@ def _one_scope_per_call(scope: Scope, call_of: dict[int, int], calls: int, scope
             home.nodes.append(n)
             scope_of[id(n)] = home
     return tops
+
+
+# TorchScript's name for the k-th repeated call of a module (``cell_1`` for the second call of ``cell``).
+_NUMBERED = re.compile(r"(?P<base>.+)_(?P<k>\d+)")
+
+
+def _numbered_calls(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) -> None:
+    """Make TorchScript's numbered scopes calls (in place). TorchScript names the ``k``-th repeated
+    call of a module ``<name>_<k>``: a cell run per time step gives siblings ``cell``, ``cell_1``,
+    ... where it holds each call's nodes, and a layer split into calls already
+    (:func:`_split_calls`) keeps its later calls' own nodes in ``layer_1``, ... A numbered sibling
+    is taken as call ``k + 1`` of its base where the base's calls are told apart that way: by the
+    parameters they read (each reads some of the base's: the siblings become ``cell@1``,
+    ``cell@2``, ..., with the base's class), or, where the base is split into calls already, by
+    the data (its nodes read or feed that call's: they join ``layer@(k + 1)``). A module named
+    ``conv_1`` beside a ``conv`` of its own reads other parameters and stays as it is."""
+    parameters = {id(t) for t in tg.parameters}
+    for parent in list(root.walk()):
+        by_path = {c.path: c for c in parent.children}
+        numbered: dict[str, list[tuple[int, Scope]]] = {}
+        for c in parent.children:
+            m = _NUMBERED.fullmatch(c.path)
+            if m is not None and (m["base"] in by_path or f"{m['base']}@1" in by_path):
+                numbered.setdefault(m["base"], []).append((int(m["k"]), c))
+        for base, later in numbered.items():
+            later.sort(key=lambda kc: kc[0])
+            if base in by_path:
+                _rename_numbered(by_path[base], later, parameters, scope_of)
+            else:
+                _join_numbered(by_path, base, later, scope_of)
+
+
+def _read_parameters(scope: Scope, parameters: set[int]) -> set[int]:
+    return {id(t) for n in scope.all_nodes() for t in n.inputs if id(t) in parameters}
+
+
+def _rename_numbered(base: Scope, later: list[tuple[int, Scope]], parameters: set[int], scope_of) -> None:
+    """``base`` and its numbered siblings ``later`` as calls ``@1``, ``@k + 1``, where each reads
+    some of ``base``'s parameters and the numbers run 1, 2, ... without a gap."""
+    own = _read_parameters(base, parameters)
+    if not own or [k for k, _ in later] != list(range(1, len(later) + 1)):
+        return
+    if any(own.isdisjoint(_read_parameters(c, parameters)) for _, c in later):
+        return
+    name = base.path
+    for call, scope in enumerate([base, *(c for _, c in later)], start=1):
+        old, new = scope.path, f"{name}@{call}"
+        for s in scope.walk():
+            s.path = new + s.path[len(old) :] if s.path.startswith(old) else s.path
+        scope.class_name = scope.class_name or base.class_name
+
+
+def _join_numbered(by_path: dict[str, Scope], base: str, later: list[tuple[int, Scope]], scope_of) -> None:
+    """The nodes of each numbered sibling ``base_k`` moved into call ``base@(k + 1)`` where they read
+    or feed that call's nodes (and the sibling, then empty, dropped)."""
+    for k, scope in later:
+        call = by_path.get(f"{base}@{k + 1}")
+        if call is None or scope.children:
+            continue
+        theirs = {id(n) for n in call.all_nodes()}
+        near = any(
+            (t.inputs and id(t.inputs[0]) in theirs) or any(id(c) in theirs for c in t.outputs)
+            for n in scope.nodes
+            for t in [*n.inputs, *n.outputs]
+        )
+        if not near:
+            continue
+        call.nodes.extend(scope.nodes)
+        for n in scope.nodes:
+            scope_of[id(n)] = call
+        assert scope.parent is not None
+        scope.parent.children.remove(scope)
 
 
 def _common_scope(scopes: list[Scope]) -> Scope | None:

@@ -41,6 +41,9 @@ def test_each_call_is_a_scope_of_its_own(shared):
     # weights: a transpose made once)
     ops = [sorted(n.op for n in s.all_nodes()) for s in calls]
     assert ops[1] == ops[2]
+    # TorchScript's own scope for a later call's direct ops (layer_1: the residual Add) joins that call
+    assert not any(s.path.startswith("layer_") for s in tree.scopes())
+    assert len({len(s.nodes) for s in calls}) == 1
     # the stem and the head, called once, are not split
     assert {"stem", "head"} <= {s.path for s in tree.scopes()}
     assert not any("@" in s.path for s in tree.scopes() if s.module_path in ("stem", "head"))
@@ -94,12 +97,16 @@ def test_graphs_without_a_parameter_read_twice_keep_their_scopes():
     assert not any("@" in s.path for s in tree.scopes())
 
 
-def test_a_cell_run_per_time_step_is_a_call_per_step(tmp_path):
-    """An LSTM cell run from a hidden state of zeros: the exporter folds the first step's hidden
-    product into constants (the hidden weights are read one time fewer), and each step is still a
-    call of its own, recomputed exactly."""
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_a_cell_run_per_time_step_is_a_call_per_step(exporter, tmp_path):
+    """An LSTM cell run from a hidden state of zeros: the dynamo exporter folds the first step's
+    hidden product into constants (the hidden weights are read one time fewer), TorchScript names
+    the steps cell, cell_1, ...; either way each step is a call of its own, recomputed exactly."""
     torch.manual_seed(0)
-    src = make_artifacts(Recurrent("lstm"), torch.randn(8, STEPS, 16), tmp_path / "lstm", exporter="dynamo", opset=18)
+    opset = 17 if exporter == "torchscript" else 18
+    src = make_artifacts(
+        Recurrent("lstm"), torch.randn(8, STEPS, 16), tmp_path / "lstm", exporter=exporter, opset=opset
+    )
     tree = analyze_model(src).scopes
     assert [s.path for s in tree.match(["cell"]).scopes] == [f"cell@{k}" for k in range(1, STEPS + 1)]
     result = onnx_remat.apply(src, scopes="cell", check_peak=False)
