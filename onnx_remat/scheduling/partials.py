@@ -25,8 +25,12 @@ sorted again, stably (what a gate makes wait moves after the partial). A gate th
 cycle (a partial that itself depends on a reader it would hold back, through the gates taken
 before it too) is not added (:func:`_with_gates`).
 
-Nothing computed changes: the ``Sum`` keeps its inputs in their order, and a ``PassThrough`` passes
-its input on untouched, so loss and gradients stay bit-identical. The partials themselves wait in
+Nothing computed changes: the ``Sum`` keeps its inputs in their order, a ``PassThrough`` passes its
+input on untouched, and what onnxruntime's optimizer fuses is left alone: no sum, partial or
+gradient made by a fused node is gated (a gate reading the ``Gemm`` of a partial would stop
+onnxruntime fusing the ``Sum`` into it, which rounds differently), and the memory schedule keeps
+the gated graph only where onnxruntime fuses the same nodes in it as in its input
+(:func:`same_fusions`). So loss and gradients stay bit-identical. The partials themselves wait in
 memory for the ``Sum`` (adding them as they come would change the rounding); where they outweigh
 the activations they free, the schedule keeps another candidate. Sums with a partial of an
 embedding's ``GatherGrad`` (tied input and output embeddings) are left to
@@ -45,6 +49,7 @@ from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import ACCUMULATOR_OPS, MS_DOMAIN, is_gradient_node_name
 from onnx_remat.graph.node_list import with_nodes
 from onnx_remat.graph.toposort import index_order
+from onnx_remat.ortsim.graph import RuntimeGraph
 
 # The name of the graph this pass makes among the memory schedule's candidates.
 PARTIALS_EARLY = "partials early"
@@ -74,9 +79,12 @@ class GatedPartials:
         return len({t for ts in self.gated.values() for t in ts})
 
 
-def gate_partials(model: onnx.ModelProto) -> GatedPartials | None:
+def gate_partials(model: onnx.ModelProto, fused: frozenset[str] = frozenset()) -> GatedPartials | None:
     """``model`` with each shared weight's partial gradients made as soon as they can be (the
-    module docstring), or None where no gradient sum has partials to gate."""
+    module docstring), or None where no gradient sum has partials to gate. ``fused``: the names of
+    the nodes onnxruntime's optimizer fuses with others in ``model`` (:func:`fused_nodes`): a sum,
+    partial or gradient made by one of them is not gated, since a gate reading it could stop the
+    fusion, which would change how it rounds (a ``Sum`` fused into the ``Gemm`` of a partial)."""
     if not _may_have_parameter_sums(model):
         return None
     nodes = list(model.graph.node)
@@ -92,21 +100,34 @@ def gate_partials(model: onnx.ModelProto) -> GatedPartials | None:
     planned: list[tuple[str, str, list[int]]] = []  # (gated tensor, partial, its other readers)
     for i in range(len(nodes)):
         partials = _parameter_sum(i, nodes, readers)
-        if partials is None:
+        if partials is None or nodes[i].name in fused:
             continue
         cones = [_cone(p, nodes, producer, readers) for p in partials]
-        if any(cone is None for cone in cones):
+        if any(cone is None or any(nodes[k].name in fused for k in cone[0]) for cone in cones):
             continue
         for partial, cone in zip(partials, cones, strict=True):
             assert cone is not None
             inside, frontier = cone
             for t in frontier:
                 others = [r for r in readers.get(t, []) if r not in inside]
-                if others:
+                if others and nodes[producer[t]].name not in fused:
                     planned.append((t, partial, others))
     if not planned:
         return None
     return _with_gates(model, nodes, producer, planned)
+
+
+def fused_nodes(rg: RuntimeGraph) -> frozenset[str]:
+    """The names of the model's nodes that onnxruntime's optimizer fuses with others in ``rg``
+    (:mod:`onnx_remat.ortsim.optimizer`): each runtime node standing for more than one."""
+    return frozenset(name for n in rg.live() if len(n.origin) > 1 for name in n.origin)
+
+
+def same_fusions(a: RuntimeGraph, b: RuntimeGraph) -> bool:
+    """Whether onnxruntime fuses the same groups of model nodes in ``a`` and ``b`` (a gated graph
+    and its input): only then does every node compute as it did, bit for bit."""
+    groups = [{frozenset(n.origin) for n in rg.live() if len(n.origin) > 1} for rg in (a, b)]
+    return groups[0] == groups[1]
 
 
 def _may_have_parameter_sums(model: onnx.ModelProto) -> bool:

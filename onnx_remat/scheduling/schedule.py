@@ -66,7 +66,7 @@ from onnx_remat.ortsim.planner import MemoryPlan, plan_memory, prepare_plans
 from onnx_remat.ortsim.registry import check_runtime_support
 from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
-from onnx_remat.scheduling.partials import PARTIALS_EARLY, gate_partials
+from onnx_remat.scheduling.partials import PARTIALS_EARLY, fused_nodes, gate_partials, same_fusions
 from onnx_remat.scheduling.realize import LeafPlacer
 from onnx_remat.units import plural
 
@@ -241,10 +241,13 @@ class MemorySchedule:
                 candidates += self._candidates(self.grad_accumulation, accumulated, given, verifying, placers)
             # Shared weights' partial gradients made as soon as their call's gradient exists: one more
             # graph, only where a weight's gradient is a sum of partials (scheduling/partials.py).
-            gating = gate_partials(given.model)
+            gating = gate_partials(given.model, fused_nodes(given.rg))
             if gating is not None:
                 gated = emulate(gating.model, TensorSizes(gating.model, given.sizes.dims))
-                candidates += self._candidates(PARTIALS_EARLY, gated, given, verifying, placers)
+                if same_fusions(gated.rg, given.rg):  # else a node would round differently: not tried
+                    candidates += self._candidates(PARTIALS_EARLY, gated, given, verifying, placers)
+                else:
+                    gating = None
             candidates.sort(key=lambda c: c[0].predicted_peak_bytes)
             # Only predictions below the input's peak are worth writing (a handful at most).
             promising = [c for c in candidates if c[0].predicted_peak_bytes < given.planned_peak_bytes][: self.verify]
