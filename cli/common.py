@@ -116,7 +116,10 @@ def selection_options(f):
         "scopes",
         multiple=True,
         metavar="PATTERN",
-        help="Recompute each matching scope instance: module path, glob (blocks.*) or class name (Block).",
+        help=(
+            "Recompute each matching scope instance: module path, glob (blocks.*) or class name (Block); "
+            "a module run more than once has a scope per call (layer@1, layer@2, ...)."
+        ),
     )(f)
     return f
 
