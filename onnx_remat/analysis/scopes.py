@@ -361,8 +361,10 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
         scope.nodes.append(node)
         scope_of[id(node)] = scope
     _place_unscoped_nodes(tg, root, scope_of, unplaced)
-    _split_calls(tg, root, scope_of)
-    _numbered_calls(tg, root, scope_of)
+    parameters = Parameters.of(tg.parameters, tg.is_forward)
+    if parameters.read_twice():  # (else no scope can have run more than once: most graphs)
+        _split_calls(tg, parameters, root, scope_of)
+        _numbered_calls(parameters, root, scope_of)
     root.class_name = root_class
     for scope in root.walk():
         scope.children.sort(key=lambda c: natural_key(c.path))
@@ -375,16 +377,13 @@ def resolve_scopes(tg: TrainingGraph, eval_model: onnx.ModelProto | None = None)
 _CALL_MARK = re.compile(r"@\d+(?=\.|\Z)")
 
 
-def _split_calls(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) -> None:
+def _split_calls(tg: TrainingGraph, parameters: Parameters, root: Scope, scope_of: dict[int, Scope]) -> None:
     """Replace, in place, each scope the forward pass ran more than once by one scope per call
     (:mod:`onnx_remat.analysis.calls`), top down: ``layers.0`` run three times becomes siblings
     ``layers.0@1``, ``layers.0@2`` and ``layers.0@3`` (1 for the first call), each holding that
     call's nodes and its own copies of the scopes below (``layers.0@2.attn``), which may be split
     in turn. The calls are then what patterns select and what the budget planner's units are:
-    siblings of one class, a repeated layer. Nothing is done where no parameter is read twice."""
-    parameters = Parameters.of(tg.parameters, tg.is_forward)
-    if not parameters.read_twice():
-        return
+    siblings of one class, a repeated layer (``parameters``: the graph's, as calls read them)."""
     position = tg.position
     stack = list(root.children)  # (the root stands for the whole model: never split)
     while stack:
@@ -420,8 +419,8 @@ def _one_scope_per_call(scope: Scope, call_of: dict[int, int], calls: int, scope
             assert at.parent is not None
             at = at.parent
         above = copies[(id(at), call)]
+        mark = f"{old}@{call + 1}"
         for s in reversed(missing):
-            mark = f"{old}@{call + 1}"
             path = mark + s.path[len(old) :] if s.path.startswith(old + ".") else f"{s.path}@{call + 1}"
             above = Scope(path=path, parent=above, class_name=s.class_name)
             above.parent.children.append(above)  # type: ignore[union-attr]
@@ -440,7 +439,7 @@ def _one_scope_per_call(scope: Scope, call_of: dict[int, int], calls: int, scope
 _NUMBERED = re.compile(r"(?P<base>.+)_(?P<k>\d+)")
 
 
-def _numbered_calls(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) -> None:
+def _numbered_calls(parameters: Parameters, root: Scope, scope_of: dict[int, Scope]) -> None:
     """Make TorchScript's numbered scopes calls (in place). TorchScript names the ``k``-th repeated
     call of a module ``<name>_<k>``: a cell run per time step gives siblings ``cell``, ``cell_1``,
     ... where it holds each call's nodes, and a layer split into calls already
@@ -450,7 +449,6 @@ def _numbered_calls(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) 
     ``cell@2``, ..., with the base's class), or, where the base is split into calls already, by
     the data (its nodes read or feed that call's: they join ``layer@(k + 1)``). A module named
     ``conv_1`` beside a ``conv`` of its own reads other parameters and stays as it is."""
-    parameters = {id(t) for t in tg.parameters}
     for parent in list(root.walk()):
         by_path = {c.path: c for c in parent.children}
         numbered: dict[str, list[tuple[int, Scope]]] = {}
@@ -461,16 +459,16 @@ def _numbered_calls(tg: TrainingGraph, root: Scope, scope_of: dict[int, Scope]) 
         for base, later in numbered.items():
             later.sort(key=lambda kc: kc[0])
             if base in by_path:
-                _rename_numbered(by_path[base], later, parameters, scope_of)
+                _rename_numbered(by_path[base], later, parameters)
             else:
                 _join_numbered(by_path, base, later, scope_of)
 
 
-def _read_parameters(scope: Scope, parameters: set[int]) -> set[int]:
-    return {id(t) for n in scope.all_nodes() for t in n.inputs if id(t) in parameters}
+def _read_parameters(scope: Scope, parameters: Parameters) -> set[int]:
+    return {p for n in scope.all_nodes() for p in parameters.read_by(n)}
 
 
-def _rename_numbered(base: Scope, later: list[tuple[int, Scope]], parameters: set[int], scope_of) -> None:
+def _rename_numbered(base: Scope, later: list[tuple[int, Scope]], parameters: Parameters) -> None:
     """``base`` and its numbered siblings ``later`` as calls ``@1``, ``@k + 1``, where each reads
     some of ``base``'s parameters and the numbers run 1, 2, ... without a gap."""
     own = _read_parameters(base, parameters)

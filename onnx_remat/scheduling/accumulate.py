@@ -56,7 +56,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from onnx_remat.graph import tags
-from onnx_remat.graph.conventions import MS_DOMAIN, parameter_of_buffer
+from onnx_remat.graph.conventions import ACCUMULATOR_OPS, MS_DOMAIN, parameter_of_buffer
 from onnx_remat.graph.node_list import with_nodes
 from onnx_remat.ortsim.graph import RuntimeGraph, RuntimeNode
 from onnx_remat.ortsim.kernels import alias_input
@@ -105,7 +105,7 @@ def accumulate_gradients(
     """
     if mode not in MODES:
         raise ValueError(f"unknown gradient accumulation mode {mode!r}")
-    if mode == "sum" or not _may_have_parameter_sums(model):
+    if mode == "sum" or not may_have_parameter_sums(model):
         return AccumulationResult(model, [], [])
     graph = _SumGraph(model, rg, order)
     edits = _Edits()
@@ -126,16 +126,39 @@ def accumulate_gradients(
     return AccumulationResult(_rewritten_model(model, mode, graph, edits), done, skipped)
 
 
-def _may_have_parameter_sums(model: onnx.ModelProto) -> bool:
-    """Whether some ``Sum`` of two or more partials feeds an ``InPlaceAccumulatorV2`` as its value:
-    only then can :meth:`_SumGraph.parameter_sum` find a sum to rewrite. Two reads of op types,
-    where the graph the pass reads costs 0.7 s to build at 10^5 nodes, and most graphs have no
-    shared parameter."""
-    nodes = model.graph.node
-    sums = {n.output[0] for n in nodes if n.op_type == "Sum" and len(n.input) >= 2 and n.output}
-    return bool(sums) and any(
-        n.op_type == "InPlaceAccumulatorV2" and len(n.input) > 1 and n.input[1] in sums for n in nodes
-    )
+# What may stand between a parameter's gradient Sum and its accumulator (a weight transposed once
+# for every call has its gradient transposed back: scheduling/partials.py reads such sums too).
+PASSING_OPS = frozenset({"Transpose", "Reshape", "Identity", "Cast"})
+
+
+def may_have_parameter_sums(model: onnx.ModelProto) -> bool:
+    """Whether some ``Sum`` of two or more partials reaches an ``InPlaceAccumulatorV2``-like
+    accumulator's value input, directly or through :data:`PASSING_OPS` alone: only then can this
+    pass or :mod:`~onnx_remat.scheduling.partials` find a parameter's gradient sum. One read of
+    each node's op type (0.1 s at 10^5 nodes, where the graph either pass reads costs 0.5-0.7 s
+    to build), and most graphs have no shared parameter (their activations' gradient sums reach
+    no accumulator)."""
+    sums: set[str] = set()
+    values: list[str] = []
+    passing: dict[str, str] = {}
+    for n in model.graph.node:
+        op = n.op_type
+        if op == "Sum":
+            if len(n.input) >= 2 and n.output:
+                sums.add(n.output[0])
+        elif op in ACCUMULATOR_OPS:
+            if len(n.input) > 1:
+                values.append(n.input[1])
+        elif op in PASSING_OPS and n.input and n.output:
+            passing[n.output[0]] = n.input[0]
+    for t in values:
+        for _ in range(len(PASSING_OPS) + 1):
+            if t in sums:
+                return True
+            if t not in passing:
+                break
+            t = passing[t]
+    return False
 
 
 class _SumGraph:

@@ -50,6 +50,7 @@ from onnx_remat.graph.conventions import ACCUMULATOR_OPS, MS_DOMAIN, is_gradient
 from onnx_remat.graph.node_list import with_nodes
 from onnx_remat.graph.toposort import index_order
 from onnx_remat.ortsim.graph import RuntimeGraph
+from onnx_remat.scheduling.accumulate import PASSING_OPS, may_have_parameter_sums
 
 # The name of the graph this pass makes among the memory schedule's candidates.
 PARTIALS_EARLY = "partials early"
@@ -60,9 +61,6 @@ MAX_CONE = 8
 # The node list is sorted again at most this many nodes' worth in all while gates are taken (a
 # graph of 10^4 nodes: 200 times); the gates after that are not taken.
 SORT_BUDGET = 2_000_000
-# What may stand between a parameter's gradient Sum and its accumulator (a weight transposed once
-# for every call has its gradient transposed back).
-_PASSING = frozenset({"Transpose", "Reshape", "Identity", "Cast"})
 
 
 @dataclass
@@ -85,7 +83,7 @@ def gate_partials(model: onnx.ModelProto, fused: frozenset[str] = frozenset()) -
     the nodes onnxruntime's optimizer fuses with others in ``model`` (:func:`fused_nodes`): a sum,
     partial or gradient made by one of them is not gated, since a gate reading it could stop the
     fusion, which would change how it rounds (a ``Sum`` fused into the ``Gemm`` of a partial)."""
-    if not _may_have_parameter_sums(model):
+    if not may_have_parameter_sums(model):
         return None
     nodes = list(model.graph.node)
     producer: dict[str, int] = {}
@@ -130,34 +128,6 @@ def same_fusions(a: RuntimeGraph, b: RuntimeGraph) -> bool:
     return groups[0] == groups[1]
 
 
-def _may_have_parameter_sums(model: onnx.ModelProto) -> bool:
-    """Whether some ``Sum`` of two or more tensors reaches an accumulator's value input, through
-    :data:`_PASSING` ops alone: only then can :func:`_parameter_sum` find one. One read of each
-    node's op type (0.1 s at 10^5 nodes, where the whole pass reads the graph for 0.5 s), and
-    most graphs have no shared weight (their activations' gradient sums reach no accumulator)."""
-    sums: set[str] = set()
-    values: list[str] = []
-    passing: dict[str, str] = {}
-    for n in model.graph.node:
-        op = n.op_type
-        if op == "Sum":
-            if len(n.input) >= 2 and n.output:
-                sums.add(n.output[0])
-        elif op in ACCUMULATOR_OPS:
-            if len(n.input) > 1:
-                values.append(n.input[1])
-        elif op in _PASSING and n.input and n.output:
-            passing[n.output[0]] = n.input[0]
-    for t in values:
-        for _ in range(len(_PASSING) + 1):
-            if t in sums:
-                return True
-            if t not in passing:
-                break
-            t = passing[t]
-    return False
-
-
 def _parameter_sum(i: int, nodes: list[onnx.NodeProto], readers: dict[str, list[int]]) -> list[str] | None:
     """The partials of node ``i`` where it is a parameter's gradient ``Sum`` of two or more distinct
     partials, none an embedding's ``GatherGrad``; else None."""
@@ -168,14 +138,14 @@ def _parameter_sum(i: int, nodes: list[onnx.NodeProto], readers: dict[str, list[
     if len(set(partials)) != len(partials) or not all(partials):
         return None
     t = total.output[0]
-    for _ in range(len(_PASSING) + 1):  # the Sum's one reader, through ops that pass it on, is an accumulator
+    for _ in range(len(PASSING_OPS) + 1):  # the Sum's one reader, through ops that pass it on, is an accumulator
         users = readers.get(t, [])
         if len(users) != 1:
             return None
         user = nodes[users[0]]
         if user.op_type in ACCUMULATOR_OPS:
             return partials
-        if user.op_type not in _PASSING or len(user.output) != 1:
+        if user.op_type not in PASSING_OPS or len(user.output) != 1:
             return None
         t = user.output[0]
     return None

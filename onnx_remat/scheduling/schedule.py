@@ -64,7 +64,13 @@ from onnx_remat.ortsim.emulation import (
 from onnx_remat.ortsim.graph import nodes_io
 from onnx_remat.ortsim.planner import MemoryPlan, plan_memory, prepare_plans
 from onnx_remat.ortsim.registry import check_runtime_support
-from onnx_remat.scheduling.accumulate import MODES, AccumulatedGradient, accumulate_gradients
+from onnx_remat.scheduling.accumulate import (
+    MODES,
+    AccumulatedGradient,
+    AccumulationResult,
+    accumulate_gradients,
+    may_have_parameter_sums,
+)
 from onnx_remat.scheduling.orders import POLICIES, LeafOrders, ListScheduler
 from onnx_remat.scheduling.partials import PARTIALS_EARLY, fused_nodes, gate_partials, same_fusions
 from onnx_remat.scheduling.realize import LeafPlacer
@@ -234,14 +240,20 @@ class MemorySchedule:
             # check of the first order it predicts (in a forked child: _verify_first), which the
             # writes wait for, starts before that graph is made and emulated, not after.
             candidates = self._candidates("as given", given, given, verifying, placers)
-            accumulation = accumulate_gradients(given.model, given.rg, given.order, self.grad_accumulation)
+            # (both passes below look for parameters' gradient sums: most graphs have none, read once here)
+            sums = may_have_parameter_sums(given.model)
+            accumulation = (
+                accumulate_gradients(given.model, given.rg, given.order, self.grad_accumulation)
+                if sums
+                else AccumulationResult(given.model, [], [])
+            )
             if accumulation.gradients:
                 acc_sizes = TensorSizes(accumulation.model, given.sizes.dims)
                 accumulated = emulate(accumulation.model, acc_sizes)
                 candidates += self._candidates(self.grad_accumulation, accumulated, given, verifying, placers)
             # Shared weights' partial gradients made as soon as their call's gradient exists: one more
             # graph, only where a weight's gradient is a sum of partials (scheduling/partials.py).
-            gating = gate_partials(given.model, fused_nodes(given.rg))
+            gating = gate_partials(given.model, fused_nodes(given.rg)) if sums else None
             if gating is not None:
                 gated = emulate(gating.model, TensorSizes(gating.model, given.sizes.dims))
                 if same_fusions(gated.rg, given.rg):  # else a node would round differently: not tried
