@@ -39,7 +39,6 @@ embedding's ``GatherGrad`` (tied input and output embeddings) are left to
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass
 
 import onnx
@@ -48,7 +47,7 @@ from onnx import helper
 from onnx_remat.graph import tags
 from onnx_remat.graph.conventions import ACCUMULATOR_OPS, MS_DOMAIN, is_gradient_node_name
 from onnx_remat.graph.node_list import with_nodes
-from onnx_remat.graph.toposort import index_order
+from onnx_remat.graph.toposort import index_order, ready_order
 from onnx_remat.ortsim.graph import RuntimeGraph
 from onnx_remat.scheduling.accumulate import PASSING_OPS, may_have_parameter_sums
 
@@ -240,28 +239,21 @@ def _reaches(source: int, targets: set[int], lowest: int, above: list[list[int]]
 
 def _stable_positions(above: list[list[int]]) -> list[int]:
     """Each node's position in the topological order of ``above`` (each node's producers) that keeps
-    the node list's order wherever it can: among the ready nodes, the earliest first."""
-    count = len(above)
-    below: list[list[int]] = [[] for _ in range(count)]
-    waiting = [0] * count
+    the node list's order wherever it can (:func:`~onnx_remat.graph.toposort.ready_order`: among the
+    ready nodes, the earliest first)."""
+    below: dict[int, list[int]] = {}
+    waiting: dict[int, int] = {}
     for x, ps in enumerate(above):
-        for p in set(ps):
-            below[p].append(x)
-            waiting[x] += 1
-    ready = [x for x in range(count) if not waiting[x]]
-    heapq.heapify(ready)
-    position = [0] * count
-    k = 0
-    while ready:
-        x = heapq.heappop(ready)
-        position[x] = k
-        k += 1
-        for y in below[x]:
-            waiting[y] -= 1
-            if not waiting[y]:
-                heapq.heappush(ready, y)
-    if k != count:
+        unique = set(ps)
+        waiting[x] = len(unique)
+        for p in unique:
+            below.setdefault(p, []).append(x)
+    order = ready_order(range(len(above)), below, waiting)
+    if len(order) != len(above):
         raise RuntimeError("gating partial gradients closed a cycle")
+    position = [0] * len(above)
+    for k, x in enumerate(order):
+        position[x] = k
     return position
 
 
