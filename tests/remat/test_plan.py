@@ -188,3 +188,44 @@ def test_the_planner_judges_each_node_once(monkeypatch):
     for n in planner.analysis.graph.order:
         assert p.cloneable(n) == judge(p, n)
         assert p.replayable(n) == is_replayable(n)
+
+
+PLANS = [
+    ("blocks10", "Block", {}),  # packed: the segment recomputed first is built again, its masks bytes
+    ("blocks10", "Block", {"dropout": "byte"}),
+    ("blocks10", "Block", {"dropout": "seed"}),
+    ("gpt", "Block", {"recompute_outputs": True}),
+    ("blocks10_dynamo", "Block", {}),
+]
+
+
+def _plan_facts(p) -> list:
+    return [
+        (s.summary(), [t.name for t in s.boundary], [t.name for t in s.kept], [t.name for t in s.masks])
+        for s in p.segments
+    ] + [p.notes, [(s.label, s.reason) for s in p.skipped], sorted(p.mask_shapes.items())]
+
+
+@pytest.mark.parametrize(("name", "scope", "options"), PLANS, ids=lambda c: str(c))
+def test_segments_built_once_are_the_segments_built_again(name, scope, options, monkeypatch):
+    """A planner takes a scope's segment from those built on the graph before (a plan's first
+    build, another planner's: Planner's ``built``) only where it would build the same: a plan from
+    a memo filled by a plan and a scope table is a plan built from nothing."""
+    from onnx_remat.analysis.scope_table import scope_report
+    from onnx_remat.remat import apply as apply_module
+    from onnx_remat.remat import plan as plan_module
+
+    analysis = analyze_model(artifacts_dir(name))
+    plan(analysis, scopes=scope, **options)
+    scope_report(analysis, dropout=options.get("dropout", "packed"))
+    memo = plan_module.built_segments(analysis.memo, options.get("dropout", "packed"))
+    assert memo
+    remembered = plan(analysis, scopes=scope, **options)
+
+    class Forgetful(dict):  # keeps no segment: each is built anew, in a plan's second build too
+        def __setitem__(self, key, value) -> None:
+            pass
+
+    monkeypatch.setattr(apply_module, "built_segments", lambda memo, dropout: Forgetful())
+    fresh = plan(analyze_model(artifacts_dir(name)), scopes=scope, **options)
+    assert _plan_facts(remembered) == _plan_facts(fresh)
