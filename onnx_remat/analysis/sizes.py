@@ -11,7 +11,7 @@ depends on an unbound symbol, or on nothing known, is ``None``, never a silent z
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
 import numpy as np
@@ -163,6 +163,19 @@ class TensorSizes:
     def add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto]) -> None:
         """Add shapes found elsewhere (e.g. by onnxruntime's symbolic shape inference)."""
         self._add_value_infos(value_infos)
+
+    def declare(self, name: str, elem_type: int, dims: Sequence[Dim | None]) -> None:
+        """:meth:`add_value_infos` of one tensor of known element type and rank, without the
+        ValueInfoProto: what that would read back of ``onnx.helper.make_value_info(name,
+        make_tensor_type_proto(elem_type, dims))`` (an int is a value, a non-empty string a symbol,
+        anything else unknown), merged as it would be."""
+        read = tuple([int(d) if isinstance(d, int) else (d if isinstance(d, str) and d else None) for d in dims])
+        info = (elem_type, read)
+        old = self._info.get(name)
+        if old is None or (old[1] is None and info[1] is not None):
+            self._info[name] = info
+            self._nbytes.clear()
+            self._declared_keys.clear()
 
     def _lookup(self, name: str):
         info = self._info.get(name)

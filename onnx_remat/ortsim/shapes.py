@@ -321,10 +321,13 @@ class _NodeInference:
         self._constants: dict[str, TensorProto] | None = None
         self.report = RuntimeShapeReport()
         self.schema_cache: dict[tuple[str, str], onnx.defs.OpSchema | None] = {}
-        # onnx's answers per node signature (op, attributes, input types and values): a deep
-        # model repeats each layer's nodes, and a recompute rewrite adds the same few nodes per
-        # segment (a mask's unpacking: 7,700 nodes, 8 distinct, at 10^5 nodes)
-        self._inferred: dict[tuple, list[tuple[int, tuple[Dim, ...]] | None]] = {}
+        # The answers (a rule's or onnx's) per node signature (op, attributes, input types and
+        # shapes, and for onnx the inputs' constant values): a deep model repeats each layer's
+        # nodes, and a recompute rewrite adds the same few nodes per segment (a mask's packing and
+        # unpacking: 7,700 nodes, 8 distinct, at 10^5 nodes). The signature is made of the types as
+        # read here, not of the TypeProtos onnx is given, which are made only for a new signature.
+        self._inferred: dict[tuple, list] = {}
+        self._value_keys: dict[str, bytes] = {}  # a constant input's value, as the signature holds it
 
     @property
     def constants(self) -> dict[str, TensorProto]:
@@ -344,10 +347,33 @@ class _NodeInference:
         """Declare ``name``'s type and shape in ``sizes``; False where either is missing."""
         if not name or dims is None or not elem_type:
             return False
-        vi = helper.make_value_info(name, _type_proto(elem_type, dims))
-        self.sizes.add_value_infos([vi])
+        self.sizes.declare(name, elem_type, dims)
         self.report.added += 1
         return True
+
+    def _signature(self, node: onnx.NodeProto, known: list[tuple[int | None, Shape | None]], values: bool) -> tuple:
+        """What an inference of ``node`` reads: op, attributes, its inputs' types and shapes as
+        ``known``, and with ``values`` the value of each input onnx's inference may read; names
+        only pair inputs with these."""
+        constants = self.constants if values else None
+        inputs: list[object] = []
+        for t, k in zip(node.input, known):
+            if not t:
+                inputs.append(None)
+            elif constants is not None and t in constants:
+                key = self._value_keys.get(t)
+                if key is None:
+                    key = self._value_keys[t] = _value_key(constants[t])
+                inputs.append((k, key))
+            else:
+                inputs.append(k)
+        return (
+            node.op_type,
+            node.domain,
+            tuple([a.SerializeToString() for a in node.attribute]),
+            tuple(inputs),
+            len(node.output),
+        )
 
     def schema(self, key: tuple[str, str]) -> onnx.defs.OpSchema | None:
         """onnx's schema of ``(domain, op type)`` at the model's opset (None if it has none), cached."""
@@ -374,11 +400,16 @@ class _NodeInference:
     def infer_by_rule(self, node: onnx.NodeProto) -> None:
         """The outputs of a contrib op (or one onnx has no schema for) from its rule in :data:`RULES`."""
         sizes = self.sizes
-        types, shapes = zip(*(self.known(t) for t in node.input)) if node.input else ((), ())
-        try:
-            results = RULES[node.op_type](list(shapes), list(types), node_attrs(node))
-        except (IndexError, KeyError, TypeError, ValueError):
-            results = []
+        known = [self.known(t) for t in node.input]
+        signature = ("rule", *self._signature(node, known, values=False))
+        results = self._inferred.get(signature)
+        if results is None:
+            types, shapes = zip(*known) if known else ((), ())
+            try:
+                results = RULES[node.op_type](list(shapes), list(types), node_attrs(node))
+            except (IndexError, KeyError, TypeError, ValueError):
+                results = []
+            self._inferred[signature] = results
         for o, r in zip(node.output, results):
             if r is not None and o and not sizes.declared(o) and self.add(o, r[0], r[1]):
                 self.report.by_rule += 1
@@ -387,32 +418,21 @@ class _NodeInference:
         """The outputs of a standard op from onnx's inference of the node alone, once every input's
         type is known; only outputs whose every dimension it gives count."""
         sizes = self.sizes
-        input_types: dict[str, onnx.TypeProto] = {}
-        complete = schema is not None
-        for t in node.input:
-            if not t:
-                continue
-            et, dims = self.known(t)
-            if not et:
-                complete = False
-                break
-            input_types[t] = _type_proto(et, dims) if dims is not None else helper.make_tensor_type_proto(et, None)
-        if not complete or schema is None:
+        if schema is None:
             return
-        data = {t: self.constants[t] for t in node.input if t in self.constants}
-        # What onnx's inference reads of the node: names only pair inputs with their types and values.
-        signature = (
-            node.op_type,
-            node.domain,
-            tuple(a.SerializeToString() for a in node.attribute),
-            tuple(
-                (input_types[t].SerializeToString(), _value_key(data[t]) if t in data else None) if t else None
-                for t in node.input
-            ),
-            len(node.output),
-        )
+        known = [self.known(t) if t else (None, None) for t in node.input]
+        if not all(k[0] for t, k in zip(node.input, known) if t):
+            return
+        signature = self._signature(node, known, values=True)
         outputs = self._inferred.get(signature)
         if outputs is None:
+            input_types: dict[str, onnx.TypeProto] = {}
+            for t, (et, dims) in zip(node.input, known):
+                if t and et:  # (every input's type is known: checked above)
+                    input_types[t] = (
+                        _type_proto(et, dims) if dims is not None else helper.make_tensor_type_proto(et, None)
+                    )
+            data = {t: self.constants[t] for t in node.input if t in self.constants}
             outputs = self._inferred[signature] = self._onnx_outputs(schema, node, input_types, data)
         for o, found in zip(node.output, outputs):
             if found is None or not o or sizes.declared(o):

@@ -76,3 +76,48 @@ def test_synthetic_rewrite_sizes_and_emulation(synthetic_dir):
     assert updated.order == fresh.order
     assert updated.plan.planned_peak_bytes == fresh.plan.planned_peak_bytes
     assert updated.plan.live_bytes == fresh.plan.live_bytes
+
+
+class _Forgetful(dict):
+    """A memo that keeps nothing: every node inferred on its own."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("name", "scope", "options"), CASES[:5:2] + CASES[5:6], ids=lambda c: str(c))
+def test_inference_by_signature_answers_as_each_node_inferred_alone(name, scope, options, monkeypatch):
+    """A node whose signature (op, attributes, input types, shapes and constant values) was
+    inferred already takes that answer: the sizes are those of inferring every node."""
+    from onnx_remat.ortsim import shapes
+
+    analysis = onnx_remat.analyze_model(artifacts_dir(name))
+    rewrite = RecomputeRewrite()(analysis.graph, plan(analysis, scopes=scope, **options)).model
+    remembered = _inferred(rewrite, analysis.sizes.dims)
+    init = shapes._NodeInference.__init__
+
+    def forgetful(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._inferred = _Forgetful()
+
+    monkeypatch.setattr(shapes._NodeInference, "__init__", forgetful)
+    alone = _inferred(rewrite, analysis.sizes.dims)
+    assert remembered._info == alone._info
+    assert len(remembered._info) > len(TensorSizes(rewrite, analysis.sizes.dims)._info)
+
+
+@pytest.mark.parametrize(
+    "dims", [(2, 3), (), ("batch", 4), ("", 5), (None, 7), ("seq", None, "")], ids=lambda d: str(d)
+)
+def test_declare_reads_a_shape_as_its_value_info_would(dims):
+    model = onnx.load(str(artifacts_dir("fc5") / "training_model.onnx"))
+    declared, read = TensorSizes(model, infer=False), TensorSizes(model, infer=False)
+    declared.declare("new", onnx.TensorProto.FLOAT, dims)
+    type_proto = onnx.helper.make_tensor_type_proto(
+        onnx.TensorProto.FLOAT, [d if isinstance(d, (int, str)) else None for d in dims]
+    )
+    read.add_value_infos([onnx.helper.make_value_info("new", type_proto)])
+    assert declared._info["new"] == read._info["new"]
+    # a shape known already stays; a rank learnt for a tensor of unknown rank is taken
+    declared.declare("new", onnx.TensorProto.FLOAT, (9,))
+    assert declared._info["new"] == read._info["new"]
