@@ -324,7 +324,7 @@ def scope_of_tensor(analysis: ModelAnalysis) -> dict[str, str]:
 def check_dims(analysis: ModelAnalysis) -> None:
     """Raise a one-line :class:`RematError` naming the symbolic dimensions of the graph inputs
     that ``dims`` leaves unbound (the estimate needs every size)."""
-    names = [t.name for t in analysis.graph.graph.inputs]
+    names = analysis.input_names
     symbols = sorted(analysis.sizes.unbound_symbols(names))
     if symbols:
         example = " ".join(f"--dim {s}=N" for s in symbols)

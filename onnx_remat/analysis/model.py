@@ -19,7 +19,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnx_remat import collector
-from onnx_remat.analysis.regions import TrainingGraph, analyze
+from onnx_remat.analysis.regions import TrainingGraph, analyze, is_forward_only
 from onnx_remat.analysis.scopes import ScopeTree, resolve_scopes
 from onnx_remat.analysis.sizes import TensorSizes
 from onnx_remat.errors import ForwardOnlyGraph
@@ -37,15 +37,14 @@ ModelLike = str | os.PathLike | LoadedModel | onnx.ModelProto
 class ModelAnalysis:
     """A loaded training graph with its analyses.
 
-    ``source`` is None when the model was given as a ModelProto. ``graph`` holds the
+    ``source`` is None when the model was given as a ModelProto. :attr:`graph` holds the
     graphsurgeon graph; a rewrite edits a copy of it (:meth:`~onnx_remat.analysis.regions.TrainingGraph.copy`), so one
-    analysis serves any number of rewrites.
+    analysis serves any number of rewrites. :attr:`graph` and :attr:`scopes` are made by
+    :func:`analyze_model`, or, with its ``defer_graph``, when first asked for.
     """
 
     model: onnx.ModelProto
     source: LoadedModel | None
-    graph: TrainingGraph
-    scopes: ScopeTree
     sizes: TensorSizes
     # Answers to queries on this analysis alone that a command asks more than once (the regions
     # and the scopes an estimate labels its steps with: a walk of every node), kept by the module
@@ -53,6 +52,34 @@ class ModelAnalysis:
     memo: dict[str, object] = field(default_factory=dict, repr=False, compare=False)
     _emulation: Emulation | None = field(default=None, repr=False, compare=False)
     _moved: set[str] | None = field(default=None, repr=False, compare=False)
+    # the training graph and its scope tree; None until made (defer_graph), from the eval model's proto
+    _training: tuple[TrainingGraph, ScopeTree] | None = field(default=None, repr=False, compare=False)
+    _eval_proto: onnx.ModelProto | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def graph(self) -> TrainingGraph:
+        """The training graph: forward and backward regions, parameters, stashed activations
+        (:func:`~onnx_remat.analysis.regions.analyze`)."""
+        return self._analysed()[0]
+
+    @property
+    def scopes(self) -> ScopeTree:
+        """The scope tree (:func:`~onnx_remat.analysis.scopes.resolve_scopes`)."""
+        return self._analysed()[1]
+
+    def _analysed(self) -> tuple[TrainingGraph, ScopeTree]:
+        if self._training is None:
+            self._training = _training_graph(self.model, self.source, self._eval_proto)
+            self._eval_proto = None
+        return self._training
+
+    @property
+    def input_names(self) -> list[str]:
+        """The names of the graph's inputs, initializers left out (:attr:`graph`'s inputs), read
+        off the model."""
+        graph = self.model.graph
+        initializers = {init.name for init in graph.initializer}
+        return [vi.name for vi in graph.input if vi.name not in initializers]
 
     def emulation(self) -> Emulation:
         """The input graph as onnxruntime would run it (:func:`~onnx_remat.ortsim.emulation.emulate`),
@@ -84,15 +111,7 @@ class ModelAnalysis:
 
         emulation = emulate(self.model, self.sizes)
         if self._moved is None:
-            self._moved = {
-                n.name
-                for n in self.graph.order
-                if n.op == "Transpose"
-                and not n.domain
-                and not emulation.runs_as_written(
-                    n.name, [i.name for i in n.inputs], [c.name for o in n.outputs for c in o.outputs]
-                )
-            }
+            self._moved = _moved_transposes(self.model, emulation)
         return emulation
 
     @property
@@ -101,6 +120,32 @@ class ModelAnalysis:
         if self.source is None:
             return "model"
         return str(self.source.artifacts_dir or self.source.path)
+
+
+def _moved_transposes(model: onnx.ModelProto, emulation: Emulation) -> set[str]:
+    """The names of the model's Transposes that ``emulation`` does not run as written (moved or
+    removed: :meth:`~onnx_remat.ortsim.emulation.Emulation.runs_as_written`), read off the model's
+    nodes as the emulation read them (its ``io``), not off the graphsurgeon graph (which a
+    command may never make: ``defer_graph``)."""
+    protos = model.graph.node
+    transposes = [j for j, p in enumerate(protos) if p.op_type == "Transpose" and not p.domain]
+    if not transposes:
+        return set()
+    assert emulation.io is not None  # (emulate reads it first)
+    inputs, outputs = emulation.io
+    wanted = {o for j in transposes for o in outputs[j] if o}
+    readers: dict[str, list[int]] = {}  # a Transpose's output -> its readers, once per input read
+    for k, names in enumerate(inputs):
+        for name in names:
+            if name in wanted:
+                readers.setdefault(name, []).append(k)
+    moved = set()
+    for j in transposes:
+        name = protos[j].name
+        read_by = [protos[k].name for o in outputs[j] if o for k in readers.get(o, [])]
+        if not emulation.runs_as_written(name, list(inputs[j]), read_by):
+            moved.add(name)
+    return moved
 
 
 def as_loaded(model: ModelLike) -> LoadedModel | None:
@@ -142,6 +187,7 @@ def analyze_model(
     eval_model: str | os.PathLike | onnx.ModelProto | None = None,
     dims: dict[str, int] | None = None,
     defer_load_check: bool = False,
+    defer_graph: bool = False,
 ) -> ModelAnalysis:
     """Load ``model`` and analyse it. ``dims`` binds symbolic dimensions (``{"batch": 8}``).
 
@@ -151,11 +197,15 @@ def analyze_model(
     graphs onnxruntime refuses to load. onnxruntime's load of a model file runs beside the
     analysis, in a child process where that saves time; with ``defer_load_check`` it may still
     run when this returns, and the caller settles it (a :func:`runtime_judged` block) before
-    returning anything.
+    returning anything. With ``defer_graph`` the graphsurgeon graph, its regions and its scopes
+    (2-3 s at 10^5 nodes) are made when first asked for (:attr:`ModelAnalysis.graph`), for a
+    command that may not need them (``schedule`` needs the model and its sizes); a forward-only
+    graph is refused now all the same (:func:`~onnx_remat.analysis.regions.is_forward_only`),
+    what else the regions refuse only then.
     """
     source = as_loaded(model)
     with runtime_judged(source, at_end=not defer_load_check):
-        return _analyze(model, source, eval_model, dims)
+        return _analyze(model, source, eval_model, dims, defer_graph)
 
 
 def _analyze(
@@ -163,6 +213,7 @@ def _analyze(
     source: LoadedModel | None,
     eval_model: str | os.PathLike | onnx.ModelProto | None,
     dims: dict[str, int] | None,
+    defer_graph: bool = False,
 ) -> ModelAnalysis:
     """:func:`analyze_model` once the model is read."""
     checking = source is not None and source.checking
@@ -190,17 +241,41 @@ def _analyze(
         )
         # Only its scope names are read, but those must be text (onnxruntime never loads it here).
         check_text(eval_proto, eval_model if not isinstance(eval_model, onnx.ModelProto) else "eval model")
-    try:
-        tg = analyze(ModelGraph(proto))
-    except ForwardOnlyGraph:
-        path = source.path if source is not None else None
-        where = f"{path}: a" if path is not None else "this is a"
-        raise ForwardOnlyGraph(f"{where} forward-only graph (no gradient nodes): {forward_only_hint(path)}") from None
-    tree = resolve_scopes(tg, eval_proto)
-    if sizes is None:
+    training = None
+    if not defer_graph:
+        training = _training_graph(proto, source, eval_proto)
+    elif is_forward_only(proto):
+        raise _forward_only(source)
+    if sizes is None and defer_graph:
+        # The check runs in a forked child (a large graph: onnx_remat.forked_check), and nothing
+        # is imported or analysed beside it: the sizes are inferred here rather than taken from its
+        # typed skeleton when it is done (the same types, strict or not: 1.6 s against 3.1 s at
+        # 10^5 nodes). Its verdict is settled where the caller's runtime_judged block ends.
+        sizes = TensorSizes(proto, dims)
+    elif sizes is None:
         # The check ran in a forked child while the graph was imported and analysed (a large graph:
         # onnx_remat.forked_check); its verdict now, and its typed skeleton. A refusal is raised
         # here, and one that would have come first overrides what the analysis met (runtime_judged).
         assert source is not None
         sizes = TensorSizes(proto, dims, inferred=source.take_inferred())
-    return ModelAnalysis(model=proto, source=source, graph=tg, scopes=tree, sizes=sizes)
+    return ModelAnalysis(
+        model=proto, source=source, sizes=sizes, _training=training, _eval_proto=eval_proto if defer_graph else None
+    )
+
+
+def _training_graph(
+    proto: onnx.ModelProto, source: LoadedModel | None, eval_proto: onnx.ModelProto | None
+) -> tuple[TrainingGraph, ScopeTree]:
+    """The training graph of ``proto`` and its scope tree (with ``eval_proto``'s scope metadata)."""
+    try:
+        tg = analyze(ModelGraph(proto))
+    except ForwardOnlyGraph:
+        raise _forward_only(source) from None
+    return tg, resolve_scopes(tg, eval_proto)
+
+
+def _forward_only(source: LoadedModel | None) -> ForwardOnlyGraph:
+    """The refusal of a forward-only graph, naming the training graph to give instead."""
+    path = source.path if source is not None else None
+    where = f"{path}: a" if path is not None else "this is a"
+    return ForwardOnlyGraph(f"{where} forward-only graph (no gradient nodes): {forward_only_hint(path)}")

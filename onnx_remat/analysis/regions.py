@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+import onnx
 import onnx_graphsurgeon as gs
 
 from onnx_remat.errors import ForwardOnlyGraph, RematError
@@ -152,10 +153,7 @@ def analyze(mg: ModelGraph) -> TrainingGraph:
         if mg.extras(n).doc_string == GRADIENT_DOC or is_gradient_node_name(n.name) or n.op in ACCUMULATOR_OPS
     ]
     if seed is None and not marked:
-        raise ForwardOnlyGraph(
-            "this is a forward-only graph (no gradient nodes): make a training graph first, "
-            "e.g. with onnxruntime.training.artifacts.generate_artifacts(model, requires_grad=[...], loss=...)"
-        )
+        raise ForwardOnlyGraph(FORWARD_ONLY)
 
     backward_ids = {id(n) for n in marked}
     queue: deque[gs.Node] = deque(marked)
@@ -204,6 +202,39 @@ def analyze(mg: ModelGraph) -> TrainingGraph:
         stashed=stashed,
         tensors=tensors,
     )
+
+
+def is_forward_only(model: onnx.ModelProto) -> bool:
+    """Whether :func:`analyze` refuses ``model``'s graph as forward-only, read off its NodeProtos
+    without importing it: no node the gradient builder made (by doc string, name or op) and no
+    ``<loss>_grad`` seed (:func:`_find_seed_and_loss`: a tensor no node makes, named after a graph
+    output, or read by a node and named after a tensor a node makes). One pass over the nodes'
+    names (0.2 s at 10^5 nodes, where the import takes 2 s)."""
+    graph = model.graph
+    produced: set[str] = set()
+    consumed: set[str] = set()
+    for n in graph.node:
+        if n.doc_string == GRADIENT_DOC or is_gradient_node_name(n.name) or n.op_type in ACCUMULATOR_OPS:
+            return False
+        produced.update(n.output)
+        consumed.update(n.input)
+    initializers = {init.name for init in graph.initializer}  # (graph inputs that are initializers are no tensors here)
+    named = consumed | produced | {vi.name for vi in graph.input if vi.name not in initializers}
+    named |= {vi.name for vi in graph.output}
+    for out in graph.output:
+        seed = out.name + GRAD_SUFFIX
+        if seed in named and seed not in produced:
+            return False
+    return not any(
+        name.endswith(GRAD_SUFFIX) and name not in produced and name[: -len(GRAD_SUFFIX)] in produced
+        for name in consumed
+    )
+
+
+FORWARD_ONLY = (
+    "this is a forward-only graph (no gradient nodes): make a training graph first, "
+    "e.g. with onnxruntime.training.artifacts.generate_artifacts(model, requires_grad=[...], loss=...)"
+)
 
 
 def _find_seed_and_loss(graph: gs.Graph, tensors: dict[str, gs.Tensor]):

@@ -66,22 +66,17 @@ def _forward_only(model: onnx.ModelProto, label: str, path: Path | None, checkpo
     so), except with a checkpoint: then it is an artifacts ``eval_model.onnx`` whose parameters
     the worker would not read from the checkpoint but synthesize, and it is refused, naming the
     training graph beside it."""
-    from onnx_remat.analysis.regions import analyze
+    from onnx_remat.analysis.regions import is_forward_only
     from onnx_remat.errors import ForwardOnlyGraph
-    from onnx_remat.graph.bridge import ModelGraph
 
-    try:
-        analyze(ModelGraph(model))
-    except ForwardOnlyGraph:
-        if checkpoint is None:
-            return True
-        raise ForwardOnlyGraph(
-            f"{label}: a forward-only graph (no gradient nodes) with a checkpoint, so an artifacts eval model "
-            f"(measured, its parameters would be synthesized, not read): {forward_only_hint(path)}"
-        ) from None
-    except RematError:
-        pass  # other oddities of the forward/backward split do not matter for running it
-    return False
+    if not is_forward_only(model):
+        return False  # (other oddities of the forward/backward split do not matter for running it)
+    if checkpoint is None:
+        return True
+    raise ForwardOnlyGraph(
+        f"{label}: a forward-only graph (no gradient nodes) with a checkpoint, so an artifacts eval model "
+        f"(measured, its parameters would be synthesized, not read): {forward_only_hint(path)}"
+    )
 
 
 _CHECKPOINT_ID = b"ODTC"  # flatbuffers file identifier of onnxruntime-training checkpoints
