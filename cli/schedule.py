@@ -100,7 +100,7 @@ def print_schedule(result) -> None:
     notes = [f"{param}: {why}" for param, why in sched.accumulation_skipped]
     if sched.pins:
         console.print(f"{len(sched.pins)} random ops pinned to their original order")
-    before, after = result.estimate_before.planned_peak_bytes, result.estimate_after.planned_peak_bytes
+    before, after = result.planned_peak_before, result.planned_peak_after
     console.print(
         f"estimated planned peak (onnxruntime CPU, emulated, nothing run): {format_bytes(before)} -> "
         f"{format_bytes(after)} ({format_ratio(after, before)}); `onnx-remat compare` measures it"

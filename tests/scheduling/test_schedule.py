@@ -219,6 +219,25 @@ def test_schedule_result_summary_and_save(tmp_path):
     assert result.default_output().name == "fc5_scheduled"
 
 
+def test_schedule_makes_the_graph_and_the_estimates_only_when_asked_for():
+    """The command prints the planned peaks alone: the graphsurgeon graph, the regions, the scopes
+    and the whole estimates are made when a caller asks, and are then what they were made at once."""
+    from onnx_remat.estimate import estimate_original
+
+    result = onnx_remat.schedule(artifacts_dir("blocks10"))
+    summary = result.summary()
+    assert result.analysis._training is None and "estimate_before" not in vars(result)
+    eager = onnx_remat.analyze_model(artifacts_dir("blocks10"))
+    before = estimate_original(eager)
+    after = estimate_rewritten(eager, result.model)
+    assert summary["planned_peak_bytes_before"] == result.planned_peak_before == before.planned_peak_bytes
+    assert summary["planned_peak_bytes_after"] == result.planned_peak_after == after.planned_peak_bytes
+    assert result.estimate_before.to_json() == before.to_json()
+    assert result.estimate_after.to_json() == after.to_json()
+    assert result.estimate_after is result.estimate_after  # made once
+    assert result.analysis._training is not None
+
+
 def test_unknown_accumulation_mode_is_a_user_error():
     with pytest.raises(onnx_remat.RematError, match="gradient accumulation must be one of"):
         onnx_remat.schedule(artifacts_dir("fc5"), grad_accumulation="sometimes")
