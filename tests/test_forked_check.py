@@ -64,10 +64,12 @@ def test_cancel_stops_the_child():
         os.kill(check._pid, 0)  # reaped
 
 
-def _outcome(path) -> tuple:
-    """What analyze_model makes of ``path``: its error (type and line) or every tensor's size."""
+def _outcome(path, **options) -> tuple:
+    """What analyze_model makes of ``path``: its error (type and line) or every tensor's size (its
+    graph read too: a deferred graph raises what the analysis meets there)."""
     try:
-        analysis = analyze_model(path)
+        analysis = analyze_model(path, **options)
+        analysis.graph  # noqa: B018
     except RematError as exc:
         return (type(exc).__name__, str(exc))
     sizes = analysis.sizes
@@ -109,3 +111,31 @@ def test_forked_and_in_command_checks_agree_on_every_mutant(name, tmp_path, monk
         refused += in_command[0] != "ok"
     assert len(started) == len(cases)  # each checked in a child
     assert refused >= len(cases) // 2  # the broken ones are refused, by both
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_a_deferred_graph_beside_a_forked_check_meets_what_the_analysis_meets(name, tmp_path, monkeypatch):
+    """``defer_graph`` (the schedule command) with the check in a child: the sizes inferred in the
+    command while the check runs, not read off the check's typed skeleton, are the same, and every
+    mutant gets the same refusal or the same sizes as the analysis made at once in the command."""
+    original = onnx.load(str(artifacts_dir(name) / "training_model.onnx"))
+    cases = [("original", original)]
+    rng = random.Random(7)
+    for kind, mutate in MUTATIONS.items():
+        if kind.startswith("external"):
+            continue
+        model = onnx.ModelProto()
+        model.CopyFrom(original)
+        mutate(model, rng)
+        cases.append((kind, model))
+    refused = 0
+    for kind, model in cases:
+        path = tmp_path / f"{kind}.onnx"
+        path.write_bytes(model.SerializeToString())
+        in_command = _outcome(path)
+        with monkeypatch.context() as patch:
+            patch.setattr(model_io, "FORKED_CHECK_MIN_NODES", 0)
+            deferred = _outcome(path, defer_graph=True)
+        assert deferred == in_command, kind
+        refused += in_command[0] != "ok"
+    assert refused >= len(cases) // 2
