@@ -98,13 +98,20 @@ class ModelAnalysis:
     def moved_transposes(self, transposes: list[gs.Node]) -> set[str]:
         """The names of those of ``transposes`` (Transposes of :attr:`graph`) that onnxruntime's
         TransposeOptimizer moves or removes in the input graph. Read off :meth:`emulation` when it
-        was made; otherwise the graph is emulated for it (not kept) when there are any to ask about."""
+        was made; otherwise the graph is emulated for it when there are any to ask about, and the
+        emulation kept for the stage that takes it (:meth:`take_emulation`; one that will not,
+        :meth:`release_emulation`), not made again there."""
         if not transposes:
             return set()
         if self._moved is None:
-            self._emulate()
+            self.emulation()
         assert self._moved is not None
         return {t.name for t in transposes if t.name in self._moved}
+
+    def release_emulation(self) -> None:
+        """Let go of the emulation held here, if any (:meth:`moved_transposes` made it): for a caller
+        whose forked child took it, so that this process does not hold it too."""
+        self._emulation = None
 
     def _emulate(self) -> Emulation:
         from onnx_remat.ortsim.emulation import emulate

@@ -208,19 +208,24 @@ def _apply_analysed(
     if schedule and unbound:
         schedule = False
         notes.append(f"the rewrite was not scheduled: {unbound}")
-    # The input graph is emulated once, where needed: for its planned peak, and for the order its
-    # random ops draw in, which every rewrite keeps (the order needs no sizes). Nothing the plan and
-    # the rewrite do reads it, so on a large graph it runs in a forked child beside them (the
-    # second core is otherwise idle there: onnx_remat.forked); the rewrite's order stage takes it.
-    check_peak = check_peak and not unbound
-    original = None
-    if check_peak or len(random_ops(analysis.model)) > 1:
-        original = beside(lambda: emulate_original(analysis, estimate=check_peak), len(analysis.model.graph.node))
 
     def planned(mode: str) -> RecomputePlan:
         return plan(
             analysis, scopes=scopes, op_types=op_types, nodes=nodes, recompute_outputs=recompute_outputs, dropout=mode
         )
+
+    # The input graph is emulated once, where needed: for its planned peak, and for the order its
+    # random ops draw in, which every rewrite keeps (the order needs no sizes). On a large graph it
+    # runs in a forked child beside the rewrite (the second core is otherwise idle there:
+    # onnx_remat.forked); the rewrite's order stage takes it. It is started after the plan: a plan
+    # that asks which Transposes onnxruntime moves has the emulation made for that
+    # (ModelAnalysis.moved_transposes), and the child then takes it, not made again, and estimates it.
+    check_peak = check_peak and not unbound
+    first = planned(dropout)
+    original = None
+    if check_peak or len(random_ops(analysis.model)) > 1:
+        original = beside(lambda: emulate_original(analysis, estimate=check_peak), len(analysis.model.graph.node))
+        analysis.release_emulation()  # (where the child took it: not held here too)
 
     pipeline = RewritePipeline(
         analysis,
@@ -233,7 +238,7 @@ def _apply_analysed(
     )
     del original
     try:
-        checked = pipeline.checked(planned(dropout))
+        checked = pipeline.checked(first)
     finally:
         pipeline.cancel()  # (a plan refused before any rewrite was ordered: the child's work is moot)
     before = pipeline.original.estimate if pipeline.original is not None else None

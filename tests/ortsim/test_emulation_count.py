@@ -87,3 +87,42 @@ def test_same_attrs_compares_model_nodes_without_reading_them():
     assert not a.same_attrs(c)  # protos that differ: compared by value
     assert b.attrs == {"perm": [1, 0]}  # read now: a dict on one side, a proto on the other
     assert a.same_attrs(b) and b.same_attrs(a) and not b.same_attrs(c)
+
+
+def test_the_input_is_emulated_once_where_the_plan_asks_which_transposes_move(monkeypatch, tmp_path):
+    """blocks10's Transposes read into ops onnxruntime pushes them through: its plans ask which it
+    moves (ModelAnalysis.moved_transposes), which the input's emulation answers. That emulation is
+    the one the command takes afterwards, in this process or in a forked child (a large graph:
+    apply's child that estimates the input, the budget planner's reference plan made before its
+    set-up takes the emulation): made once in all, in the command and its children."""
+    from onnx_remat import forked
+    from onnx_remat.analysis import model as analysis_model
+    from onnx_remat.analysis.model import analyze_model
+    from onnx_remat.remat.budget import BudgetPlanner
+
+    log = tmp_path / "emulated"  # a line per emulation of the input, from any process
+    emulate = analysis_model.ModelAnalysis._emulate
+
+    def counted(self):
+        with log.open("a") as f:
+            f.write("x\n")
+        return emulate(self)
+
+    def made() -> int:
+        count = len(log.read_text().splitlines()) if log.exists() else 0
+        log.unlink(missing_ok=True)
+        return count
+
+    monkeypatch.setattr(analysis_model.ModelAnalysis, "_emulate", counted)
+    for large in (False, True):
+        with monkeypatch.context() as patch:
+            if large:
+                patch.setattr(forked, "FORK_MIN_NODES", 0)
+            analysis = analyze_model(artifacts_dir("blocks10"))
+            planner = BudgetPlanner(analysis)
+            assert made() == 1 and analysis._moved, large  # it moves some: the plan asked
+            assert planner.baseline.planned_peak_bytes > 0
+            result = onnx_remat.apply(artifacts_dir("blocks10"), scopes="Block")
+            assert made() == 1, large
+            assert result.estimate_before is not None
+            assert result.analysis._emulation is None  # not held once taken, or once the child took it
