@@ -13,7 +13,7 @@ from typing import Any
 
 from onnx_remat.analysis.model import ModelAnalysis
 from onnx_remat.analysis.scopes import Scope
-from onnx_remat.remat.plan import Planner, built_segments
+from onnx_remat.remat.plan import planner_of
 
 
 @dataclass
@@ -101,14 +101,7 @@ def scope_report(analysis: ModelAnalysis, *, max_depth: int | None = None, dropo
             repeated[id(s)] = f"{i + 1} of {len(group)} x {kind}"
         groups.append({"scopes": [s.path for s in group], "class": group[0].class_name, "count": len(group)})
 
-    planner = Planner(
-        tg,
-        tree,
-        sizes,
-        dropout=dropout,
-        moved_transposes=analysis.moved_transposes,
-        built=built_segments(analysis.memo, dropout),
-    )
+    planner = planner_of(analysis, dropout)
     rows: list[ScopeRow] = []
     stack: list[tuple[Scope, int]] = [(c, 0) for c in reversed(tree.root.children)]
     while stack:

@@ -25,7 +25,7 @@ from onnx_remat.graph.kernel_workarounds import WORKAROUND_NOTE
 from onnx_remat.graph.random_order import random_ops
 from onnx_remat.remat.budget import apply_budget
 from onnx_remat.remat.pipeline import RewritePipeline, emulate_original, unpacking_at_peak
-from onnx_remat.remat.plan import Planner, RecomputePlan, Selection, built_segments
+from onnx_remat.remat.plan import RecomputePlan, Selection, planner_of
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, check_dropout_mode
 from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import check_not_rewritten
@@ -73,15 +73,7 @@ def plan(
         nodes=list(nodes) if isinstance(nodes, (list, tuple)) else as_list(nodes),
         recompute_outputs=recompute_outputs,
     )
-    planner = Planner(
-        analysis.graph,
-        analysis.scopes,
-        analysis.sizes,
-        dropout=dropout,
-        moved_transposes=analysis.moved_transposes,
-        built=built_segments(analysis.memo, dropout),
-    )
-    return planner.plan(selection)
+    return planner_of(analysis, dropout).plan(selection)
 
 
 @collector.pauses

@@ -55,7 +55,7 @@ from onnx_remat.analysis.scopes import Scope
 from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
 from onnx_remat.ortsim.planner import align
 from onnx_remat.remat.cost import CONVS, MATMULS, NodeCosts
-from onnx_remat.remat.plan import Planner, Segment, built_segments
+from onnx_remat.remat.plan import Planner, Segment, planner_of
 from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, is_replayable
 
 STORE, CHEAP, LAYER = "store", "cheap", "layer"
@@ -397,16 +397,7 @@ def layer_paths(ordered: OrderedScopes) -> list[str]:
 def make_planner(analysis: ModelAnalysis, dropout: str | None = None) -> Planner:
     """The segment planner of ``analysis`` the budget model plans with (``dropout`` passed on
     where given)."""
-    mode = dropout if dropout is not None else DEFAULT_DROPOUT
-    a = analysis
-    return Planner(
-        a.graph,
-        a.scopes,
-        a.sizes,
-        dropout=mode,
-        moved_transposes=a.moved_transposes,
-        built=built_segments(a.memo, mode),
-    )
+    return planner_of(analysis, dropout if dropout is not None else DEFAULT_DROPOUT)
 
 
 class _Builder:

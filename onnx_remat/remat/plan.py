@@ -43,7 +43,7 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -62,6 +62,9 @@ from onnx_remat.remat.random_ops import (
     is_replayable,
     is_seedable_gradient,
 )
+
+if TYPE_CHECKING:
+    from onnx_remat.analysis.model import ModelAnalysis
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 _TRANSPOSE_FUSING = frozenset({"MatMul", "FusedMatMul", "Gemm", "TransposeMatMul"})
@@ -912,6 +915,20 @@ class Planner:
                 )
             )
         return None
+
+
+def planner_of(analysis: ModelAnalysis, dropout: str = DEFAULT_DROPOUT) -> Planner:
+    """The :class:`Planner` of an analysed graph (its training graph, scopes, sizes and the
+    Transposes onnxruntime moves in it) for ``dropout``, sharing the scope segments the other
+    planners of the analysis built (:func:`built_segments`)."""
+    return Planner(
+        analysis.graph,
+        analysis.scopes,
+        analysis.sizes,
+        dropout=dropout,
+        moved_transposes=analysis.moved_transposes,
+        built=built_segments(analysis.memo, dropout),
+    )
 
 
 def built_segments(memo: dict[str, object], dropout: str) -> dict:

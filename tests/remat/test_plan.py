@@ -212,7 +212,6 @@ def test_segments_built_once_are_the_segments_built_again(name, scope, options, 
     build, another planner's: Planner's ``built``) only where it would build the same: a plan from
     a memo filled by a plan and a scope table is a plan built from nothing."""
     from onnx_remat.analysis.scope_table import scope_report
-    from onnx_remat.remat import apply as apply_module
     from onnx_remat.remat import plan as plan_module
 
     analysis = analyze_model(artifacts_dir(name))
@@ -226,6 +225,6 @@ def test_segments_built_once_are_the_segments_built_again(name, scope, options, 
         def __setitem__(self, key, value) -> None:
             pass
 
-    monkeypatch.setattr(apply_module, "built_segments", lambda memo, dropout: Forgetful())
+    monkeypatch.setattr(plan_module, "built_segments", lambda memo, dropout: Forgetful())
     fresh = plan(analyze_model(artifacts_dir(name)), scopes=scope, **options)
     assert _plan_facts(remembered) == _plan_facts(fresh)
