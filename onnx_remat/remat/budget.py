@@ -63,12 +63,11 @@ from onnx_remat.remat.budget_model import (
     build_model,
     holdings,
     layer_paths,
-    make_planner,
     ordered_unit_scopes,
 )
 from onnx_remat.remat.cost import NodeCosts, node_costs
 from onnx_remat.remat.pipeline import RewritePipeline, begin_rewrite
-from onnx_remat.remat.plan import CloneLimitExceeded, Planner, RecomputePlan, Segment, Selection
+from onnx_remat.remat.plan import CloneLimitExceeded, Planner, RecomputePlan, Segment, Selection, planner_of
 from onnx_remat.remat.result import ApplyResult
 from onnx_remat.remat.rewrite import RewriteResult, RewriteUnderway, check_not_rewritten
 from onnx_remat.remat.solve import (
@@ -479,7 +478,7 @@ class BudgetPlanner:
         ordered = ordered_unit_scopes(analysis)
         self._early: _EarlyReference | None = None
         if worth_sending_back(analysis.model) and (paths := layer_paths(ordered)):
-            planner = make_planner(analysis, dropout)
+            planner = planner_of(analysis, dropout)
             early = self._reference_plan(paths, merged=False, planner=planner)
             underway = begin_rewrite(analysis, early) if early is not None else None
             self._early = _EarlyReference(paths, early, planner, underway)
@@ -728,7 +727,7 @@ class BudgetPlanner:
     ) -> RecomputePlan | None:
         """Per-layer (``merged`` False) or ``--recompute-outputs`` recompute of ``paths``; None where
         it recomputes nothing, or (with a note in ``reference_notes``) would clone too much.
-        ``planner``: the model's (:func:`~onnx_remat.remat.budget_model.make_planner`), before the
+        ``planner``: the model's (:func:`~onnx_remat.remat.plan.planner_of`), before the
         model is made."""
         if planner is None:
             planner = self.model.planner

@@ -56,7 +56,7 @@ from onnx_remat.ortsim.kernels import alias_input, inplace_inputs
 from onnx_remat.ortsim.planner import align
 from onnx_remat.remat.cost import CONVS, MATMULS, NodeCosts
 from onnx_remat.remat.plan import Planner, Segment, planner_of
-from onnx_remat.remat.random_ops import DEFAULT_DROPOUT, is_replayable
+from onnx_remat.remat.random_ops import is_replayable
 
 STORE, CHEAP, LAYER = "store", "cheap", "layer"
 EXPENSIVE_OPS = MATMULS | CONVS
@@ -394,12 +394,6 @@ def layer_paths(ordered: OrderedScopes) -> list[str]:
     return [s.path for s, _, chain in ordered if chain is not None]
 
 
-def make_planner(analysis: ModelAnalysis, dropout: str | None = None) -> Planner:
-    """The segment planner of ``analysis`` the budget model plans with (``dropout`` passed on
-    where given)."""
-    return planner_of(analysis, dropout if dropout is not None else DEFAULT_DROPOUT)
-
-
 class _Builder:
     def __init__(
         self,
@@ -416,7 +410,7 @@ class _Builder:
         self.baseline = baseline
         self.mplan = plan
         self.rg = rg
-        self.planner = make_planner(analysis, dropout)
+        self.planner = planner_of(analysis, dropout)
         self.notes: list[str] = []
         self.stashed = {t.name for t in self.tg.stashed}
 

@@ -917,10 +917,11 @@ class Planner:
         return None
 
 
-def planner_of(analysis: ModelAnalysis, dropout: str = DEFAULT_DROPOUT) -> Planner:
+def planner_of(analysis: ModelAnalysis, dropout: str | None = None) -> Planner:
     """The :class:`Planner` of an analysed graph (its training graph, scopes, sizes and the
-    Transposes onnxruntime moves in it) for ``dropout``, sharing the scope segments the other
-    planners of the analysis built (:func:`built_segments`)."""
+    Transposes onnxruntime moves in it) for ``dropout`` (None: the default mode), sharing the
+    scope segments the other planners of the analysis built (:func:`built_segments`)."""
+    dropout = dropout if dropout is not None else DEFAULT_DROPOUT
     return Planner(
         analysis.graph,
         analysis.scopes,
