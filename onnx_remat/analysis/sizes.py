@@ -109,13 +109,16 @@ class TensorSizes:
     def _add_value_infos(self, value_infos: Iterable[onnx.ValueInfoProto], overwrite: bool = False) -> None:
         for vi in value_infos:
             info = _dims_of(vi.type)
-            if info is None:
-                continue
-            old = self._info.get(vi.name)
-            if overwrite or old is None or (old[1] is None and info[1] is not None):
-                self._info[vi.name] = info
-                self._nbytes.clear()
-                self._declared_keys.clear()
+            if info is not None:
+                self._merge(vi.name, info, overwrite)
+
+    def _merge(self, name: str, info: tuple[int, tuple[Dim, ...] | None], overwrite: bool = False) -> None:
+        """Take ``info`` for ``name`` where nothing is known of it, or only its type, or ``overwrite``."""
+        old = self._info.get(name)
+        if overwrite or old is None or (old[1] is None and info[1] is not None):
+            self._info[name] = info
+            self._nbytes.clear()
+            self._declared_keys.clear()
 
     def _add_graph(self, graph: onnx.GraphProto) -> None:
         for init in graph.initializer:
@@ -170,12 +173,7 @@ class TensorSizes:
         make_tensor_type_proto(elem_type, dims))`` (an int is a value, a non-empty string a symbol,
         anything else unknown), merged as it would be."""
         read = tuple([int(d) if isinstance(d, int) else (d if isinstance(d, str) and d else None) for d in dims])
-        info = (elem_type, read)
-        old = self._info.get(name)
-        if old is None or (old[1] is None and info[1] is not None):
-            self._info[name] = info
-            self._nbytes.clear()
-            self._declared_keys.clear()
+        self._merge(name, (elem_type, read))
 
     def _lookup(self, name: str):
         info = self._info.get(name)
