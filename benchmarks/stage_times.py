@@ -117,10 +117,9 @@ def untrace(replaced: list[tuple[object, str, object]]) -> None:
 def run(argv: list[str]) -> tuple[int, list[StageCall]]:
     """Run ``onnx-remat ARGV`` in this process with its stages traced; its exit status and the
     stage calls of it and its forked children, by start."""
-    import gc
-
     import click
 
+    from onnx_remat import collector
     from onnx_remat.cli.main import main as group
 
     fd, records = tempfile.mkstemp(prefix="onnx-remat-stages-", suffix=".jsonl")
@@ -129,11 +128,11 @@ def run(argv: list[str]) -> tuple[int, list[StageCall]]:
     replaced = trace_stages(records)
     try:
         # As the console script runs it (onnx_remat.cli.entry.main, which ends the process itself):
-        # the cyclic collector off, click's exceptions turned into the exit status.
-        gc.disable()
+        # the cyclic collector off (on again after, where it was: a test's process goes on), click's
+        # exceptions turned into the exit status.
         status = 0
         try:
-            with group.make_context("onnx-remat", list(argv)) as ctx:
+            with collector.paused(), group.make_context("onnx-remat", list(argv)) as ctx:
                 group.invoke(ctx)
         except click.exceptions.Exit as exc:
             status = exc.exit_code
