@@ -237,15 +237,33 @@ def infer_runtime_shapes(
     # Names read once (each read of a proto's repeated field makes new strings); no empty output.
     inputs, all_outputs = io if io is not None else node_io(model)
     outputs = [outs if "" not in outs else [o for o in outs if o] for outs in all_outputs]
-    for i in index_order(inputs, outputs):
+    for i in _pending_order(inputs, outputs, declared):
         node, outs = nodes[i], outputs[i]
-        if not outs or all(map(declared, outs)):  # (map: no generator frame per node)
-            continue
         inference.infer(node)
         for o in outs:
             if not sizes.declared(o):
                 report.unknown.append(o)
     return report
+
+
+def _pending_order(
+    inputs: Sequence[Sequence[str]], outputs: Sequence[Sequence[str]], declared: Callable[[str], bool]
+) -> list[int]:
+    """Positions of the nodes with an output whose shape is not declared yet, in a stable topological
+    order of those nodes alone (:func:`~onnx_remat.graph.toposort.index_order`).
+
+    A node whose outputs are all declared is never inferred, and nothing but a node's own inference
+    declares its outputs, so the nodes inferred are these, whatever the order. Each one's inference
+    reads its inputs' sizes: those of a node left out are declared from the start, those of another
+    pending node are inferred first in this order. So the sizes come out as a walk of the whole graph
+    in its topological order gives them, without that walk: a recompute rewrite's sizes copied from
+    the original's (:func:`rewrite_sizes`) leave 15,000 of 115,000 nodes pending at 10^5 nodes."""
+    # (map: no generator frame per node)
+    pending = [i for i, outs in enumerate(outputs) if outs and not all(map(declared, outs))]
+    if len(pending) == len(outputs):
+        return index_order(inputs, outputs)
+    order = index_order([inputs[i] for i in pending], [outputs[i] for i in pending])
+    return [pending[k] for k in order]
 
 
 def rewrite_sizes(original: TensorSizes, model: onnx.ModelProto, *, io: NodeIO | None = None) -> TensorSizes:

@@ -121,3 +121,40 @@ def test_declare_reads_a_shape_as_its_value_info_would(dims):
     # a shape known already stays; a rank learnt for a tensor of unknown rank is taken
     declared.declare("new", onnx.TensorProto.FLOAT, (9,))
     assert declared._info["new"] == read._info["new"]
+
+
+def _walked_whole(model: onnx.ModelProto, dims: dict[str, int]) -> TensorSizes:
+    """infer_runtime_shapes as it was before it walked only the nodes left to infer: every node of
+    the graph in its topological order, each one skipped where its outputs are declared."""
+    from onnx_remat.graph.toposort import index_order
+    from onnx_remat.ortsim.graph import node_io
+    from onnx_remat.ortsim.shapes import _NodeInference, _small_constants
+
+    sizes = TensorSizes(model, dims)
+    nodes = list(model.graph.node)
+    inference = _NodeInference(model, sizes, lambda: _small_constants(model.graph, nodes, 1024))
+    inputs, outputs = node_io(model)
+    outputs = [[o for o in outs if o] for outs in outputs]
+    for i in index_order(inputs, outputs):
+        if outputs[i] and not all(sizes.declared(o) for o in outputs[i]):
+            inference.infer(nodes[i])
+    return sizes
+
+
+@pytest.mark.parametrize("name", ["blocks10", "gpt", "resnet"])
+@pytest.mark.parametrize("unsorted", [False, True], ids=["as-exported", "reversed-node-list"])
+def test_inference_of_the_pending_nodes_equals_a_walk_of_the_whole_graph(name, unsorted):
+    """Only nodes with an undeclared output are walked, in a topological order of their own
+    (_pending_order): the sizes equal those of a walk of every node in the whole graph's order, on
+    the node list as exported and reversed (not sorted: each pending node then waits for pending
+    producers listed after it). The value_info is dropped first so that most nodes are pending."""
+    model = onnx.load(str(artifacts_dir(name) / "training_model.onnx"))
+    del model.graph.value_info[:]
+    if unsorted:
+        reversed_nodes = list(model.graph.node)[::-1]
+        del model.graph.node[:]
+        model.graph.node.extend(reversed_nodes)
+    want = _walked_whole(model, {})
+    got = _inferred(model, {})
+    assert _assert_same_sizes(model, got, want) > 100
+    assert sum(got.declared(o) for n in model.graph.node for o in n.output if o) > 100
