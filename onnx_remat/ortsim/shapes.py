@@ -260,8 +260,6 @@ def _pending_order(
     the original's (:func:`rewrite_sizes`) leave 15,000 of 115,000 nodes pending at 10^5 nodes."""
     # (map: no generator frame per node)
     pending = [i for i, outs in enumerate(outputs) if outs and not all(map(declared, outs))]
-    if len(pending) == len(outputs):
-        return index_order(inputs, outputs)
     order = index_order([inputs[i] for i in pending], [outputs[i] for i in pending])
     return [pending[k] for k in order]
 
